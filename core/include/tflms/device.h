@@ -1,0 +1,96 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// The engine's view of an accelerator: memory, streams, events, copies.
+//
+// This is the only place the engine touches hardware. Backends:
+//   * SimDevice (sim_device.h): device memory is a host arena, each stream is
+//     a worker thread, copies are memcpy. It also keeps a *modelled* clock per
+//     stream (link bandwidth, latency, compute time) so the planner predicts
+//     step times with the same engine code that runs inside TensorFlow.
+//   * CudaDevice (cuda_device.h): cudaMalloc / cudaHostAlloc /
+//     cudaMemcpyAsync on dedicated streams, ordered with cudaEvents.
+//   * Inside TensorFlow the adapter in tf/ implements Device over
+//     StreamExecutor.
+//
+// Contract every backend keeps:
+//   * Work enqueued on one stream runs in order.
+//   * An Event records "everything enqueued on that stream so far". Waiting
+//     for it on another stream (WaitEvent) orders later work on that stream
+//     after it without blocking the host; SynchronizeEvent blocks the host.
+//   * A copy that fails poisons the events recorded after it on that stream:
+//     SynchronizeEvent returns the copy's error. This is how the engine learns
+//     that a page-out failed, and why it never frees a chunk before the event
+//     that proves its bytes reached the host has been synchronized OK.
+//   * All methods are thread-safe.
+#ifndef TFLMS_CORE_DEVICE_H_
+#define TFLMS_CORE_DEVICE_H_
+
+#include <cstddef>
+#include <memory>
+
+#include "tflms/status.h"
+
+namespace tflms {
+
+// A point in a stream's work queue. Backends subclass it.
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+using EventRef = std::shared_ptr<Event>;
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+};
+
+enum class StreamKind { kCompute = 0, kDeviceToHost = 1, kHostToDevice = 2 };
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual const char* Name() const = 0;
+
+  // Device memory for allocator regions (the BFC "sub-allocator"). Returns
+  // nullptr when the device refuses; the allocator then backs off.
+  virtual void* AllocateDeviceMemory(size_t bytes, size_t alignment) = 0;
+  virtual void FreeDeviceMemory(void* ptr, size_t bytes) = 0;
+
+  // Page-locked host memory that the copy streams can DMA from/to.
+  virtual void* AllocateHostMemory(size_t bytes) = 0;
+  virtual void FreeHostMemory(void* ptr, size_t bytes) = 0;
+
+  virtual Stream* GetStream(StreamKind kind) = 0;
+
+  // Asynchronous copies, enqueued on `stream`.
+  virtual Status CopyDeviceToHost(Stream* stream, void* host_dst,
+                                  const void* device_src, size_t bytes) = 0;
+  virtual Status CopyHostToDevice(Stream* stream, void* device_dst,
+                                  const void* host_src, size_t bytes) = 0;
+  virtual Status CopyDeviceToDevice(Stream* stream, void* device_dst,
+                                    const void* device_src, size_t bytes) = 0;
+
+  // Records an event on `stream`; nullptr with *status set on failure.
+  virtual EventRef RecordEvent(Stream* stream, Status* status) = 0;
+  // Later work on `stream` runs after `event`. Does not block the host.
+  virtual Status WaitEvent(Stream* stream, const EventRef& event) = 0;
+  // Blocks the calling thread until `event` has completed; returns the error
+  // of any failed work before it on its stream.
+  virtual Status SynchronizeEvent(const EventRef& event) = 0;
+  // True once `event` has completed (successfully or not).
+  virtual bool EventDone(const EventRef& event) = 0;
+
+  // Synchronous host access to device memory for callers outside kernels
+  // (Python's read/write, tests). Runs after all work already enqueued on the
+  // compute stream.
+  virtual Status ReadDeviceSync(void* host_dst, const void* device_src,
+                                size_t bytes) = 0;
+  virtual Status WriteDeviceSync(void* device_dst, const void* host_src,
+                                 size_t bytes) = 0;
+};
+
+}  // namespace tflms
+
+#endif  // TFLMS_CORE_DEVICE_H_

@@ -1,0 +1,145 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// The LMS engine: a BFC allocator that can move inactive tensor buffers to
+// host memory and back.
+//
+// Two kinds of allocation live in one BFC arena:
+//   * raw allocations (AllocateRaw): scratch, workspaces, anything without an
+//     owner. Never moved, never reclaimed; always counted as active.
+//   * buffers (AllocateBuffer): owned by a tensor. A buffer is
+//       active      pinned (pin count > 0) or unmovable (its address escaped);
+//       inactive    resident and unpinned, on the LRU list, reclaimable;
+//       reclaimed   its bytes live in host memory, no device chunk.
+//     Pin() returns the buffer's current device address, paging it in first
+//     when needed. The address may change whenever the buffer is unpinned
+//     (page-out/page-in, defragmentation), so callers must re-read it after
+//     every Pin().
+//
+// When an allocation does not fit the engine tries, in order: a single
+// reclaim, defragmentation (if enabled), a fragments reclaim, a full reclaim,
+// and then fails with a message that names the cause (see reclaim.cc for why
+// defragmentation runs before the costly reclaims).
+//
+// Thread safety: every public method may be called from any thread. One
+// mutex guards the arena and all buffer state; it is never held across a
+// copy or a host-blocking wait (see engine_impl.h).
+#ifndef TFLMS_CORE_ENGINE_H_
+#define TFLMS_CORE_ENGINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tflms/device.h"
+#include "tflms/stats.h"
+#include "tflms/status.h"
+
+namespace tflms {
+
+struct EngineOptions {
+  std::string name = "lms";
+  // Device bytes the allocator may take from the device (TF's memory limit).
+  size_t memory_limit = 0;
+  // Grow regions on demand (TF's allow_growth) instead of one big region.
+  bool allow_growth = true;
+  // TF's GPUOptions.Experimental.internal_fragmentation_fraction; 0 keeps
+  // TF's default of 128 MiB of tolerated padding.
+  double fragmentation_fraction = 0.0;
+
+  bool lms_enabled = true;
+  // Reclaim once this many device bytes are in use (PyTorch LMS's
+  // set_limit_lms). 0 means memory_limit.
+  size_t lms_limit = 0;
+  // Bytes of host memory reclaimed buffers may occupy. 0 = no limit of the
+  // engine's own (inside TensorFlow the host allocator enforces
+  // TF_GPU_HOST_MEM_LIMIT_IN_MB).
+  size_t host_memory_limit = 0;
+
+  bool defrag_enabled = false;
+  // Compare source and destination after every defragmentation move. Costs a
+  // device-to-host copy of both; on by default in tests.
+  bool verify_moves = false;
+
+  // Step-pattern prefetch: learn the pin order of one step (StepBegin marks
+  // steps) and page in the next buffers ahead of use.
+  bool prefetch_enabled = false;
+  size_t prefetch_budget_bytes = 0;  // 0 = memory_limit / 8
+  int prefetch_lookahead = 32;       // pins looked ahead
+};
+
+class Buffer;  // Opaque; owned by the engine between AllocateBuffer and Free.
+
+enum class BufferState { kResident, kPagingOut, kReclaimed, kPagingIn, kMoving };
+
+class Engine {
+ public:
+  // `device` is not owned and must outlive the engine.
+  Engine(Device* device, const EngineOptions& options);
+  ~Engine();
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates options against the device; call before using the engine.
+  Status Init();
+
+  const EngineOptions& options() const;
+
+  // ---- Raw allocations (never moved) ----
+  void* AllocateRaw(size_t bytes, Status* status);
+  void DeallocateRaw(void* ptr);
+  size_t RequestedSize(const void* ptr) const;
+  size_t AllocatedSize(const void* ptr) const;
+
+  // ---- Buffers ----
+  // Returns a new buffer, pinned if `pinned`. nullptr with *status set when
+  // no memory could be made available.
+  Buffer* AllocateBuffer(size_t bytes, bool pinned, Status* status);
+  // Frees a buffer in any state; waits for copies in flight.
+  Status FreeBuffer(Buffer* buffer);
+  // Makes the buffer active and resident; *device_ptr is its address until
+  // the matching Unpin.
+  Status Pin(Buffer* buffer, void** device_ptr);
+  Status Unpin(Buffer* buffer);
+  // The buffer's address escaped (C API, DLPack): it is paged in if needed
+  // and never moved or reclaimed again.
+  Status MarkUnmovable(Buffer* buffer, void** device_ptr);
+
+  // Host access for callers outside kernels: pins for the duration.
+  Status ReadBuffer(Buffer* buffer, size_t offset, void* dst, size_t bytes);
+  Status WriteBuffer(Buffer* buffer, size_t offset, const void* src,
+                     size_t bytes);
+
+  size_t BufferSize(const Buffer* buffer) const;
+  BufferState GetBufferState(const Buffer* buffer) const;
+  int PinCount(const Buffer* buffer) const;
+
+  // ---- Control ----
+  // Moves every inactive buffer to host now. *bytes: bytes reclaimed.
+  Status ReclaimInactive(size_t* bytes);
+  // Compacts: moves inactive buffers toward low addresses so free space
+  // coalesces. *bytes_moved: bytes copied device->device.
+  Status Defragment(size_t* bytes_moved);
+  // Marks a training-step boundary (prefetch learns per step).
+  void StepBegin();
+  // Changes the reclaim threshold at run time (0 = memory_limit).
+  Status SetLmsLimit(size_t bytes);
+
+  // ---- Observation ----
+  EngineStats GetStats() const;
+  // Largest free chunk and total free bytes in the arena.
+  void GetFreeSpace(size_t* largest_free, size_t* total_free) const;
+  // Walks every chunk and buffer and checks the invariants the statistics
+  // promise. For tests; O(number of chunks).
+  Status CheckInvariants() const;
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tflms
+
+#endif  // TFLMS_CORE_ENGINE_H_

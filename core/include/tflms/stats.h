@@ -1,0 +1,80 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// Allocator statistics: every counter TFLMS v2 exposed, plus defragmentation,
+// prefetch, stall and allocation-source counters.
+//
+// Invariants (hold in every snapshot, because a snapshot is taken under the
+// engine lock and every update happens under it):
+//   bytes_active + bytes_inactive == bytes_in_use
+//   bytes_in_use <= bytes_reserved <= bytes_limit
+//   peak_X >= X for every pair
+//   current_bytes_reclaimed <= host_bytes_in_use
+// All sizes are in bytes, all times in nanoseconds.
+#ifndef TFLMS_CORE_STATS_H_
+#define TFLMS_CORE_STATS_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tflms {
+
+struct EngineStats {
+  // --- BFC (same meaning as tsl::AllocatorStats) ---
+  int64_t num_allocs = 0;            // successful allocations, cumulative
+  int64_t bytes_in_use = 0;          // device bytes in allocated chunks
+  int64_t peak_bytes_in_use = 0;
+  int64_t largest_alloc_size = 0;    // largest chunk handed out
+  int64_t bytes_limit = 0;           // device bytes the allocator may use
+  int64_t bytes_reserved = 0;        // device bytes obtained in regions
+  int64_t peak_bytes_reserved = 0;
+  int64_t bytes_reservable_limit = 0;
+
+  // --- LMS (TFLMS v2 names) ---
+  int64_t bytes_inactive = 0;        // resident, unpinned, reclaimable
+  int64_t bytes_active = 0;          // in use and not reclaimable
+  int64_t peak_bytes_active = 0;
+  int64_t bytes_reclaimed = 0;       // cumulative bytes copied device->host
+  int64_t current_bytes_reclaimed = 0;  // bytes that live only on the host now
+  int64_t peak_bytes_reclaimed = 0;
+  int64_t num_single_reclaims = 0;
+  int64_t num_fragment_reclaims = 0;
+  int64_t num_full_reclaims = 0;
+  int64_t num_reclaim_failures = 0;  // reclaim steps that did not make room
+  int64_t num_page_ins = 0;
+  int64_t bytes_paged_in = 0;
+
+  // --- host pool (gpu_host_bfc in TensorFlow) ---
+  int64_t host_bytes_in_use = 0;
+  int64_t host_peak_bytes_in_use = 0;
+  int64_t host_bytes_limit = 0;
+
+  // --- defragmentation ---
+  int64_t num_defragmentations = 0;
+  int64_t bytes_defragged = 0;       // bytes moved device->device
+
+  // --- prefetch ---
+  int64_t num_prefetches = 0;        // page-ins issued ahead of use
+  int64_t prefetch_hits = 0;         // pins of a buffer a prefetch brought in
+  int64_t prefetch_misses = 0;       // pins that had to page in on demand
+  int64_t page_in_stall_ns = 0;      // host time pins blocked on copies
+  int64_t page_out_wait_ns = 0;      // host time reclaims waited for D2H
+
+  // --- where allocations were served from (PyTorch LMS style) ---
+  int64_t num_allocs_from_free = 0;        // an existing free chunk
+  int64_t num_allocs_from_new_region = 0;  // after growing the pool
+  int64_t num_allocs_from_single_reclaim = 0;
+  int64_t num_allocs_from_fragment_reclaim = 0;
+  int64_t num_allocs_from_full_reclaim = 0;
+  int64_t num_allocs_from_defrag = 0;
+
+  int64_t num_ooms = 0;
+
+  // Name/value pairs in a stable order (bindings and logs use this).
+  std::vector<std::pair<std::string, int64_t>> Items() const;
+};
+
+}  // namespace tflms
+
+#endif  // TFLMS_CORE_STATS_H_

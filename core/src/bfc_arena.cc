@@ -1,0 +1,335 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// BfcArena: see bfc_arena.h for the invariants. The algorithm follows
+// tsl::BFCAllocator step for step; where a choice looks arbitrary (the 2x
+// split rule, the 0.9 back-off, doubling region sizes) it is TensorFlow's,
+// kept so the engine with LMS off fails and peaks exactly where TF does.
+#include "bfc_arena.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+namespace tflms {
+namespace {
+
+// TensorFlow tolerates up to 128 MiB of padding in a chunk before it splits.
+constexpr size_t kDefaultMaxInternalFragmentation = size_t{128} << 20;
+// TensorFlow starts growing regions at 2 MiB with allow_growth.
+constexpr size_t kInitialGrowthRegion = size_t{2} << 20;
+constexpr double kBackpedalFactor = 0.9;
+
+int Log2Floor(uint64_t v) { return 63 - __builtin_clzll(v); }
+
+}  // namespace
+
+bool BfcArena::ChunkComparator::operator()(ChunkHandle a,
+                                           ChunkHandle b) const {
+  const Chunk* ca = arena_->chunk(a);
+  const Chunk* cb = arena_->chunk(b);
+  if (ca->size != cb->size) return ca->size < cb->size;
+  return ca->ptr < cb->ptr;
+}
+
+BfcArena::BfcArena(SubAllocator* sub, const Options& options)
+    : sub_(sub), options_(options) {
+  curr_region_allocation_bytes_ =
+      options.allow_growth
+          ? RoundedBytes(std::min(options.memory_limit, kInitialGrowthRegion))
+          : RoundedBytes(options.memory_limit);
+  bins_.reserve(kNumBins);
+  for (int i = 0; i < kNumBins; ++i) bins_.emplace_back(ChunkComparator(this));
+}
+
+BfcArena::~BfcArena() {
+  for (Region& r : regions_) sub_->Free(r.ptr, r.size);
+}
+
+size_t BfcArena::RoundedBytes(size_t bytes) {
+  return (std::max(bytes, kMinAllocationSize) + kMinAllocationSize - 1) &
+         ~(kMinAllocationSize - 1);
+}
+
+int BfcArena::BinNumForSize(size_t bytes) {
+  uint64_t v = std::max(bytes, kMinAllocationSize) >> kMinAllocationBits;
+  return std::min(kNumBins - 1, Log2Floor(v));
+}
+
+size_t BfcArena::MaxInternalFragmentation() const {
+  if (options_.fragmentation_fraction > 0.0) {
+    return static_cast<size_t>(options_.fragmentation_fraction *
+                               static_cast<double>(options_.memory_limit));
+  }
+  return kDefaultMaxInternalFragmentation;
+}
+
+BfcArena::ChunkHandle BfcArena::AllocateChunkHandle() {
+  if (free_chunk_handles_ != kInvalidChunk) {
+    ChunkHandle h = free_chunk_handles_;
+    free_chunk_handles_ = chunks_[h].next;
+    chunks_[h] = Chunk();
+    return h;
+  }
+  chunks_.emplace_back();
+  return chunks_.size() - 1;
+}
+
+void BfcArena::DeallocateChunkHandle(ChunkHandle h) {
+  chunks_[h] = Chunk();
+  chunks_[h].next = free_chunk_handles_;
+  free_chunk_handles_ = h;
+}
+
+BfcArena::Region* BfcArena::RegionFor(const void* ptr) {
+  return const_cast<Region*>(
+      static_cast<const BfcArena*>(this)->RegionFor(ptr));
+}
+
+const BfcArena::Region* BfcArena::RegionFor(const void* ptr) const {
+  const char* p = static_cast<const char*>(ptr);
+  auto it = std::upper_bound(
+      regions_.begin(), regions_.end(), p,
+      [](const char* q, const Region& r) { return q < r.end(); });
+  if (it == regions_.end() || p < it->ptr) return nullptr;
+  return &*it;
+}
+
+void BfcArena::SetHandle(const void* ptr, ChunkHandle h) {
+  Region* r = RegionFor(ptr);
+  assert(r != nullptr);
+  size_t index =
+      static_cast<size_t>(static_cast<const char*>(ptr) - r->ptr) >>
+      kMinAllocationBits;
+  r->handles[index] = h;
+}
+
+BfcArena::ChunkHandle BfcArena::HandleFor(const void* ptr) const {
+  const Region* r = RegionFor(ptr);
+  if (r == nullptr) return kInvalidChunk;
+  size_t offset = static_cast<size_t>(static_cast<const char*>(ptr) - r->ptr);
+  if (offset % kMinAllocationSize != 0) return kInvalidChunk;
+  return r->handles[offset >> kMinAllocationBits];
+}
+
+bool BfcArena::Extend(size_t rounded) {
+  size_t available = options_.memory_limit - total_region_allocated_bytes_;
+  available = (available / kMinAllocationSize) * kMinAllocationSize;
+  if (rounded > available) return false;
+
+  bool increased_allocation = false;
+  while (rounded > curr_region_allocation_bytes_) {
+    curr_region_allocation_bytes_ *= 2;
+    increased_allocation = true;
+  }
+  size_t bytes = std::min(curr_region_allocation_bytes_, available);
+  void* mem = sub_->Alloc(bytes, kAlignment);
+  // The device refused: back off by 10% at a time, as TensorFlow does, while
+  // the request still fits.
+  while (mem == nullptr) {
+    bytes = RoundedBytes(static_cast<size_t>(static_cast<double>(bytes) *
+                                             kBackpedalFactor));
+    if (bytes < rounded) break;
+    mem = sub_->Alloc(bytes, kAlignment);
+  }
+  if (mem == nullptr) return false;
+  if (!increased_allocation) curr_region_allocation_bytes_ *= 2;
+
+  Region region;
+  region.ptr = static_cast<char*>(mem);
+  region.size = bytes;
+  size_t n = bytes >> kMinAllocationBits;
+  region.handles.reset(new ChunkHandle[n]);
+  std::fill(region.handles.get(), region.handles.get() + n, kInvalidChunk);
+  auto pos = std::upper_bound(
+      regions_.begin(), regions_.end(), region.ptr,
+      [](const char* q, const Region& r) { return q < r.ptr; });
+  regions_.insert(pos, std::move(region));
+
+  total_region_allocated_bytes_ += bytes;
+  peak_bytes_reserved_ =
+      std::max(peak_bytes_reserved_, total_region_allocated_bytes_);
+
+  ChunkHandle h = AllocateChunkHandle();
+  Chunk* c = chunk(h);
+  c->ptr = static_cast<char*>(mem);
+  c->size = bytes;
+  SetHandle(c->ptr, h);
+  InsertFreeChunkIntoBin(h);
+  return true;
+}
+
+void BfcArena::InsertFreeChunkIntoBin(ChunkHandle h) {
+  Chunk* c = chunk(h);
+  assert(!c->in_use() && c->bin_num == -1);
+  int b = BinNumForSize(c->size);
+  c->bin_num = b;
+  bins_[b].insert(h);
+}
+
+void BfcArena::RemoveFreeChunkFromBin(ChunkHandle h) {
+  Chunk* c = chunk(h);
+  assert(!c->in_use() && c->bin_num != -1);
+  size_t erased = bins_[c->bin_num].erase(h);
+  (void)erased;
+  assert(erased == 1);
+  c->bin_num = -1;
+}
+
+void BfcArena::SplitChunk(ChunkHandle h, size_t num_bytes) {
+  ChunkHandle h_new = AllocateChunkHandle();  // may move chunks_
+  Chunk* c = chunk(h);
+  Chunk* n = chunk(h_new);
+  n->ptr = c->ptr + num_bytes;
+  n->size = c->size - num_bytes;
+  c->size = num_bytes;
+  SetHandle(n->ptr, h_new);
+  n->prev = h;
+  n->next = c->next;
+  c->next = h_new;
+  if (n->next != kInvalidChunk) chunk(n->next)->prev = h_new;
+  InsertFreeChunkIntoBin(h_new);
+}
+
+void BfcArena::Merge(ChunkHandle h1, ChunkHandle h2) {
+  Chunk* c1 = chunk(h1);
+  Chunk* c2 = chunk(h2);
+  assert(!c1->in_use() && !c2->in_use() && c1->next == h2);
+  c1->next = c2->next;
+  if (c2->next != kInvalidChunk) chunk(c2->next)->prev = h1;
+  c1->size += c2->size;
+  SetHandle(c2->ptr, kInvalidChunk);
+  DeallocateChunkHandle(h2);
+}
+
+BfcArena::ChunkHandle BfcArena::TryToCoalesce(ChunkHandle h) {
+  Chunk* c = chunk(h);
+  if (c->next != kInvalidChunk && !chunk(c->next)->in_use()) {
+    RemoveFreeChunkFromBin(c->next);
+    Merge(h, c->next);
+  }
+  c = chunk(h);
+  if (c->prev != kInvalidChunk && !chunk(c->prev)->in_use()) {
+    ChunkHandle prev = c->prev;
+    RemoveFreeChunkFromBin(prev);
+    Merge(prev, h);
+    h = prev;
+  }
+  return h;
+}
+
+BfcArena::ChunkHandle BfcArena::MarkInUse(ChunkHandle h, size_t rounded,
+                                          size_t requested, void* owner) {
+  Chunk* c = chunk(h);
+  if (c->size >= rounded * 2 ||
+      c->size - rounded >= MaxInternalFragmentation()) {
+    SplitChunk(h, rounded);
+    c = chunk(h);
+  }
+  c->requested_size = requested;
+  c->allocation_id = next_allocation_id_++;
+  c->owner = owner;
+  ++num_allocs_;
+  bytes_in_use_ += c->size;
+  peak_bytes_in_use_ = std::max(peak_bytes_in_use_, bytes_in_use_);
+  largest_alloc_size_ = std::max(largest_alloc_size_, c->size);
+  return h;
+}
+
+BfcArena::ChunkHandle BfcArena::FindChunk(size_t rounded, size_t requested,
+                                          void* owner) {
+  for (int b = BinNumForSize(rounded); b < kNumBins; ++b) {
+    FreeChunkSet& bin = bins_[b];
+    for (auto it = bin.begin(); it != bin.end(); ++it) {
+      ChunkHandle h = *it;
+      if (chunk(h)->size >= rounded) {
+        bin.erase(it);
+        chunk(h)->bin_num = -1;
+        return MarkInUse(h, rounded, requested, owner);
+      }
+    }
+  }
+  return kInvalidChunk;
+}
+
+BfcArena::ChunkHandle BfcArena::TakeFreeChunk(ChunkHandle h, size_t rounded,
+                                              size_t requested, void* owner) {
+  assert(!chunk(h)->in_use() && chunk(h)->size >= rounded);
+  RemoveFreeChunkFromBin(h);
+  return MarkInUse(h, rounded, requested, owner);
+}
+
+BfcArena::ChunkHandle BfcArena::FindFreeChunkOutside(size_t rounded,
+                                                     const char* lo,
+                                                     const char* hi) const {
+  for (int b = BinNumForSize(rounded); b < kNumBins; ++b) {
+    for (ChunkHandle h : bins_[b]) {
+      const Chunk* c = chunk(h);
+      if (c->size < rounded) continue;
+      bool outside = c->ptr + c->size <= lo || c->ptr >= hi;
+      if (outside) return h;
+    }
+  }
+  return kInvalidChunk;
+}
+
+BfcArena::ChunkHandle BfcArena::FindLowestFreeChunkBelow(
+    size_t rounded, const char* limit) const {
+  ChunkHandle best = kInvalidChunk;
+  for (int b = BinNumForSize(rounded); b < kNumBins; ++b) {
+    for (ChunkHandle h : bins_[b]) {
+      const Chunk* c = chunk(h);
+      if (c->size < rounded || c->ptr + rounded > limit) continue;
+      if (best == kInvalidChunk || c->ptr < chunk(best)->ptr) best = h;
+    }
+  }
+  return best;
+}
+
+void BfcArena::FreeChunk(ChunkHandle h) {
+  Chunk* c = chunk(h);
+  assert(c->in_use());
+  bytes_in_use_ -= c->size;
+  c->allocation_id = -1;
+  c->requested_size = 0;
+  c->owner = nullptr;
+  InsertFreeChunkIntoBin(TryToCoalesce(h));
+}
+
+size_t BfcArena::LargestFreeChunk() const {
+  for (int b = kNumBins - 1; b >= 0; --b) {
+    if (!bins_[b].empty()) return chunk(*bins_[b].rbegin())->size;
+  }
+  return 0;
+}
+
+size_t BfcArena::TotalFreeBytes() const {
+  return total_region_allocated_bytes_ - bytes_in_use_;
+}
+
+size_t BfcArena::CheckAndCountChunks(bool* ok) const {
+  *ok = true;
+  size_t count = 0, in_use = 0;
+  for (const Region& r : regions_) {
+    size_t covered = 0;
+    bool prev_free = false;
+    ChunkHandle prev = kInvalidChunk;
+    for (ChunkHandle h = r.handles[0]; h != kInvalidChunk;
+         h = chunk(h)->next) {
+      const Chunk* c = chunk(h);
+      ++count;
+      if (c->prev != prev || c->ptr != r.ptr + covered) *ok = false;
+      if (c->size % kMinAllocationSize != 0) *ok = false;
+      if (!c->in_use() && prev_free) *ok = false;  // uncoalesced
+      if (c->in_use() != (c->bin_num == -1)) *ok = false;
+      if (c->in_use()) in_use += c->size;
+      prev_free = !c->in_use();
+      covered += c->size;
+      prev = h;
+    }
+    if (covered != r.size) *ok = false;
+  }
+  if (in_use != bytes_in_use_) *ok = false;
+  return count;
+}
+
+}  // namespace tflms

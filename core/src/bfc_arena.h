@@ -1,0 +1,173 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// BfcArena: the best-fit-with-coalescing mechanism of TensorFlow's
+// tsl::BFCAllocator, without locking and without policy.
+//
+// Memory comes from a SubAllocator in regions. Each region is cut into
+// chunks; adjacent chunks of a region are doubly linked in address order.
+// Free chunks live in one of kNumBins bins, bin i holding chunks of
+// [256 << i, 256 << (i+1)) bytes, each bin ordered by (size, address), so the
+// first fitting chunk of the first non-empty bin is the best fit.
+//
+// Invariants kept by every method:
+//   * chunks of a region tile it exactly: sum of sizes == region size;
+//   * no two free chunks are adjacent (FreeChunk coalesces);
+//   * a chunk is in a bin iff it is free;
+//   * every size and address is a multiple of kMinAllocationSize (256);
+//   * bytes_in_use == sum of sizes of in-use chunks.
+// These are the exact semantics of tsl::BFCAllocator (same rounding, same
+// bins, same split rule, same region growth and back-off), so that with LMS
+// off the engine fails and peaks where TensorFlow would.
+//
+// Thread safety: none. The owner serialises all calls (Engine::Impl::mu_,
+// HostPool::mu_).
+#ifndef TFLMS_CORE_SRC_BFC_ARENA_H_
+#define TFLMS_CORE_SRC_BFC_ARENA_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <vector>
+
+namespace tflms {
+
+class SubAllocator {
+ public:
+  virtual ~SubAllocator() = default;
+  virtual void* Alloc(size_t bytes, size_t alignment) = 0;
+  virtual void Free(void* ptr, size_t bytes) = 0;
+};
+
+class BfcArena {
+ public:
+  using ChunkHandle = size_t;
+  static constexpr ChunkHandle kInvalidChunk = ~size_t{0};
+  static constexpr int kMinAllocationBits = 8;
+  static constexpr size_t kMinAllocationSize = size_t{1} << kMinAllocationBits;
+  static constexpr int kNumBins = 21;
+  static constexpr size_t kAlignment = 256;
+
+  struct Chunk {
+    size_t size = 0;            // bytes of the chunk (a multiple of 256)
+    size_t requested_size = 0;  // bytes the client asked for
+    int64_t allocation_id = -1; // -1 when free
+    char* ptr = nullptr;
+    ChunkHandle prev = kInvalidChunk;  // previous chunk in the region
+    ChunkHandle next = kInvalidChunk;  // next chunk in the region
+    int bin_num = -1;                  // bin while free, -1 while in use
+    void* owner = nullptr;             // opaque owner of an in-use chunk
+    bool in_use() const { return allocation_id != -1; }
+  };
+
+  struct Options {
+    size_t memory_limit = 0;
+    bool allow_growth = true;
+    double fragmentation_fraction = 0.0;
+  };
+
+  // `sub` is not owned and must outlive the arena.
+  BfcArena(SubAllocator* sub, const Options& options);
+  ~BfcArena();
+
+  BfcArena(const BfcArena&) = delete;
+  BfcArena& operator=(const BfcArena&) = delete;
+
+  static size_t RoundedBytes(size_t bytes);
+  static int BinNumForSize(size_t bytes);
+
+  // Best-fit search; marks the chunk in use. kInvalidChunk when none fits.
+  ChunkHandle FindChunk(size_t rounded, size_t requested, void* owner);
+  // Grows the arena by one region able to hold `rounded` bytes.
+  bool Extend(size_t rounded);
+  // Frees an in-use chunk and coalesces it with free neighbours.
+  void FreeChunk(ChunkHandle h);
+  // Takes the specific free chunk `h` for `rounded` bytes (splitting it as
+  // FindChunk would). Used by defragmentation to choose destinations.
+  ChunkHandle TakeFreeChunk(ChunkHandle h, size_t rounded, size_t requested,
+                            void* owner);
+  // Smallest free chunk of at least `rounded` bytes lying wholly outside
+  // [lo, hi). kInvalidChunk if none.
+  ChunkHandle FindFreeChunkOutside(size_t rounded, const char* lo,
+                                   const char* hi) const;
+
+  // Lowest-addressed free chunk of at least `rounded` bytes that ends at or
+  // below `limit`. kInvalidChunk if none.
+  ChunkHandle FindLowestFreeChunkBelow(size_t rounded, const char* limit) const;
+
+  Chunk* chunk(ChunkHandle h) { return &chunks_[h]; }
+  const Chunk* chunk(ChunkHandle h) const { return &chunks_[h]; }
+  // Handle of the chunk starting at `ptr`, kInvalidChunk if none.
+  ChunkHandle HandleFor(const void* ptr) const;
+
+  // Region walk in address order: calls f(first_chunk_handle) per region.
+  template <typename F>
+  void ForEachRegion(F f) const {
+    for (const Region& r : regions_) f(r.handles[0]);
+  }
+
+  size_t memory_limit() const { return options_.memory_limit; }
+  size_t bytes_in_use() const { return bytes_in_use_; }
+  size_t peak_bytes_in_use() const { return peak_bytes_in_use_; }
+  size_t largest_alloc_size() const { return largest_alloc_size_; }
+  size_t bytes_reserved() const { return total_region_allocated_bytes_; }
+  size_t peak_bytes_reserved() const { return peak_bytes_reserved_; }
+  int64_t num_allocs() const { return num_allocs_; }
+  size_t LargestFreeChunk() const;
+  size_t TotalFreeBytes() const;
+  // Count of chunks (for invariant checks).
+  size_t CheckAndCountChunks(bool* ok) const;
+
+ private:
+  struct Region {
+    char* ptr = nullptr;
+    size_t size = 0;
+    // handles[i] is the chunk starting at ptr + i * 256, or kInvalidChunk.
+    std::unique_ptr<ChunkHandle[]> handles;
+    char* end() const { return ptr + size; }
+  };
+
+  class ChunkComparator {
+   public:
+    explicit ChunkComparator(const BfcArena* arena) : arena_(arena) {}
+    bool operator()(ChunkHandle a, ChunkHandle b) const;
+
+   private:
+    const BfcArena* arena_;
+  };
+  using FreeChunkSet = std::set<ChunkHandle, ChunkComparator>;
+
+  ChunkHandle AllocateChunkHandle();
+  void DeallocateChunkHandle(ChunkHandle h);
+  Region* RegionFor(const void* ptr);
+  const Region* RegionFor(const void* ptr) const;
+  void SetHandle(const void* ptr, ChunkHandle h);
+  void InsertFreeChunkIntoBin(ChunkHandle h);
+  void RemoveFreeChunkFromBin(ChunkHandle h);
+  void SplitChunk(ChunkHandle h, size_t num_bytes);
+  void Merge(ChunkHandle h1, ChunkHandle h2);
+  ChunkHandle TryToCoalesce(ChunkHandle h);
+  ChunkHandle MarkInUse(ChunkHandle h, size_t rounded, size_t requested,
+                        void* owner);
+  size_t MaxInternalFragmentation() const;
+
+  SubAllocator* const sub_;
+  const Options options_;
+  size_t curr_region_allocation_bytes_;
+  size_t total_region_allocated_bytes_ = 0;
+  size_t peak_bytes_reserved_ = 0;
+  size_t bytes_in_use_ = 0;
+  size_t peak_bytes_in_use_ = 0;
+  size_t largest_alloc_size_ = 0;
+  int64_t num_allocs_ = 0;
+  int64_t next_allocation_id_ = 1;
+
+  std::vector<Chunk> chunks_;
+  ChunkHandle free_chunk_handles_ = kInvalidChunk;  // intrusive via next
+  std::vector<Region> regions_;                     // sorted by ptr
+  std::vector<FreeChunkSet> bins_;
+};
+
+}  // namespace tflms
+
+#endif  // TFLMS_CORE_SRC_BFC_ARENA_H_

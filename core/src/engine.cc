@@ -1,0 +1,387 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// The public Engine API, raw allocations, and the allocation ladder.
+//
+// The ladder (AllocateChunk) is where policy meets the arena. A request that
+// does not fit climbs, stopping at the first step that yields a chunk:
+//   1. a free chunk (best fit), respecting the LMS limit;
+//   2. a new region from the device;
+//   3. single reclaim: page out the least recently used inactive buffer that,
+//      with its free neighbours, makes room (one copy);
+//   4. defragmentation, if enabled: move inactive buffers device-to-device
+//      to open a gap (a device copy is an order of magnitude cheaper than a
+//      host round trip, so it runs before the costly reclaims below);
+//   5. fragments reclaim: page out the cheapest window of adjacent
+//      inactive/free chunks that makes room;
+//   6. full reclaim: page out every inactive buffer;
+//   7. the free chunk again without the LMS limit (the limit is soft);
+//   8. out of memory, with a message naming the cause.
+// Steps 3-6 release mu_ while bytes are copied, so other threads may take or
+// return memory meanwhile; the ladder therefore re-searches after each step
+// and repeats while a pass still makes progress.
+#include <algorithm>
+#include <string>
+
+#include "engine_impl.h"
+
+namespace tflms {
+namespace {
+
+class DeviceSubAllocator : public SubAllocator {
+ public:
+  explicit DeviceSubAllocator(Device* device) : device_(device) {}
+  void* Alloc(size_t bytes, size_t alignment) override {
+    return device_->AllocateDeviceMemory(bytes, alignment);
+  }
+  void Free(void* ptr, size_t bytes) override {
+    device_->FreeDeviceMemory(ptr, bytes);
+  }
+
+ private:
+  Device* device_;
+};
+
+// A pass of the ladder gives up after this many rounds without a chunk even
+// though each round made progress (other threads kept taking the space).
+constexpr int kMaxLadderRounds = 8;
+
+}  // namespace
+
+Engine::Impl::Impl(Device* device, const EngineOptions& options)
+    : device_(device), options_(options) {}
+
+Engine::Impl::~Impl() {
+  // No other thread may use the engine now; waiting without mu_ is safe.
+  for (PendingHostFree& p : pending_host_frees_) {
+    device_->SynchronizeEvent(p.event);
+    host_pool_->Free(p.ptr);
+  }
+  pending_host_frees_.clear();
+  for (auto& entry : buffers_) {
+    Buffer* b = entry.second;
+    if (b->host_ptr != nullptr) host_pool_->Free(b->host_ptr);
+    delete b;
+  }
+  buffers_.clear();
+}
+
+Status Engine::Impl::Init() {
+  if (device_ == nullptr) return InvalidArgument("device must not be null");
+  if (options_.memory_limit < BfcArena::kMinAllocationSize) {
+    return InvalidArgument("memory_limit must be at least 256 bytes, got " +
+                           std::to_string(options_.memory_limit));
+  }
+  if (options_.fragmentation_fraction < 0.0 ||
+      options_.fragmentation_fraction > 1.0) {
+    return InvalidArgument("fragmentation_fraction must be in [0, 1]");
+  }
+  if (options_.prefetch_lookahead < 0) {
+    return InvalidArgument("prefetch_lookahead must be >= 0");
+  }
+  TFLMS_RETURN_IF_ERROR(SetLmsLimit(options_.lms_limit));
+  if (options_.prefetch_budget_bytes == 0) {
+    options_.prefetch_budget_bytes = options_.memory_limit / 8;
+  }
+  device_sub_ = std::make_unique<DeviceSubAllocator>(device_);
+  BfcArena::Options arena_options;
+  arena_options.memory_limit = options_.memory_limit;
+  arena_options.allow_growth = options_.allow_growth;
+  arena_options.fragmentation_fraction = options_.fragmentation_fraction;
+  arena_ = std::make_unique<BfcArena>(device_sub_.get(), arena_options);
+  host_pool_ =
+      std::make_unique<HostPool>(device_, options_.host_memory_limit);
+  return Status::Ok();
+}
+
+Status Engine::Impl::SetLmsLimit(size_t bytes) {
+  if (bytes != 0 && bytes > options_.memory_limit) {
+    return InvalidArgument(
+        "LMS limit of " + std::to_string(bytes) +
+        " bytes exceeds the device memory limit of " +
+        std::to_string(options_.memory_limit) +
+        " bytes; use 0 for the whole device or a smaller value");
+  }
+  if (bytes != 0 && bytes < BfcArena::kMinAllocationSize) {
+    return InvalidArgument("LMS limit must be 0 or at least 256 bytes");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  lms_limit_ = bytes == 0 ? options_.memory_limit : bytes;
+  return Status::Ok();
+}
+
+BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
+    std::unique_lock<std::mutex>& lock, size_t bytes, Buffer* owner,
+    AllocSource max_source, Status* status) {
+  const size_t rounded = BfcArena::RoundedBytes(bytes);
+  auto find = [&](bool respect_limit) {
+    if (respect_limit && options_.lms_enabled &&
+        arena_->bytes_in_use() + rounded > lms_limit_) {
+      return BfcArena::kInvalidChunk;
+    }
+    return arena_->FindChunk(rounded, bytes, owner);
+  };
+  auto done = [&](BfcArena::ChunkHandle h, AllocSource source) {
+    CountSource(source);
+    AddChunkBytes(owner, static_cast<int64_t>(arena_->chunk(h)->size));
+    return h;
+  };
+
+  BfcArena::ChunkHandle h = find(true);
+  if (h != BfcArena::kInvalidChunk) return done(h, AllocSource::kFree);
+  if (arena_->bytes_in_use() + rounded <= lms_limit_ ||
+      !options_.lms_enabled) {
+    if (arena_->Extend(rounded)) {
+      h = find(true);
+      if (h != BfcArena::kInvalidChunk) return done(h, AllocSource::kNewRegion);
+    }
+  }
+
+  Status host_status;
+  const bool can_make_room = options_.lms_enabled || options_.defrag_enabled;
+  for (int round = 0; can_make_room && round < kMaxLadderRounds; ++round) {
+    bool progress = false;
+    auto reclaim = [&](std::vector<Buffer*> victims, int64_t* counter) {
+      if (victims.empty()) return false;
+      size_t reclaimed = 0;
+      Status s = PageOut(lock, victims, &reclaimed);
+      if (!s.ok()) host_status = s;
+      if (reclaimed == 0) {
+        ++counters_.num_reclaim_failures;
+        return false;
+      }
+      ++*counter;
+      progress = true;
+      return true;
+    };
+
+    if (options_.lms_enabled && max_source >= AllocSource::kSingleReclaim &&
+        reclaim(ChooseSingleVictim(rounded), &counters_.num_single_reclaims)) {
+      h = find(true);
+      if (h != BfcArena::kInvalidChunk) {
+        return done(h, AllocSource::kSingleReclaim);
+      }
+    }
+    if (options_.defrag_enabled && max_source >= AllocSource::kDefrag) {
+      size_t moved = 0;
+      Status s = DefragFor(lock, rounded, &moved);
+      if (moved > 0) progress = true;
+      h = find(true);
+      if (h != BfcArena::kInvalidChunk) return done(h, AllocSource::kDefrag);
+      (void)s;
+    }
+    if (options_.lms_enabled && max_source >= AllocSource::kFragmentReclaim &&
+        reclaim(ChooseFragmentVictims(rounded),
+                &counters_.num_fragment_reclaims)) {
+      h = find(true);
+      if (h != BfcArena::kInvalidChunk) {
+        return done(h, AllocSource::kFragmentReclaim);
+      }
+    }
+    if (options_.lms_enabled && max_source >= AllocSource::kFullReclaim &&
+        reclaim(ChooseAllInactive(), &counters_.num_full_reclaims)) {
+      h = find(true);
+      if (h != BfcArena::kInvalidChunk) {
+        return done(h, AllocSource::kFullReclaim);
+      }
+    }
+    // The LMS limit is a soft threshold: once reclaim has done what it can,
+    // physically free memory is used.
+    if (max_source >= AllocSource::kFullReclaim || !progress) {
+      h = find(false);
+      if (h == BfcArena::kInvalidChunk && arena_->Extend(rounded)) {
+        h = find(false);
+      }
+      if (h != BfcArena::kInvalidChunk) {
+        return done(h, progress ? AllocSource::kFullReclaim
+                                : AllocSource::kFree);
+      }
+    }
+    if (!progress) break;
+  }
+  ++counters_.num_ooms;
+  *status = ResourceExhausted(OutOfMemoryMessage(bytes, rounded, host_status));
+  return BfcArena::kInvalidChunk;
+}
+
+void* Engine::Impl::AllocateRaw(size_t bytes, Status* status) {
+  if (bytes == 0) {
+    *status = InvalidArgument("allocation size must be positive");
+    return nullptr;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  BfcArena::ChunkHandle h =
+      AllocateChunk(lock, bytes, nullptr, AllocSource::kFullReclaim, status);
+  if (h == BfcArena::kInvalidChunk) return nullptr;
+  *status = Status::Ok();
+  return arena_->chunk(h)->ptr;
+}
+
+void Engine::Impl::DeallocateRaw(void* ptr) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  BfcArena::ChunkHandle h = arena_->HandleFor(ptr);
+  if (h == BfcArena::kInvalidChunk || !arena_->chunk(h)->in_use() ||
+      arena_->chunk(h)->owner != nullptr) {
+    return;  // not a raw allocation of this engine: ignore, never corrupt
+  }
+  AddChunkBytes(nullptr, -static_cast<int64_t>(arena_->chunk(h)->size));
+  arena_->FreeChunk(h);
+}
+
+size_t Engine::Impl::RequestedSize(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  BfcArena::ChunkHandle h = arena_->HandleFor(ptr);
+  return h == BfcArena::kInvalidChunk ? 0 : arena_->chunk(h)->requested_size;
+}
+
+size_t Engine::Impl::AllocatedSize(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  BfcArena::ChunkHandle h = arena_->HandleFor(ptr);
+  return h == BfcArena::kInvalidChunk ? 0 : arena_->chunk(h)->size;
+}
+
+Buffer* Engine::Impl::AllocateBuffer(size_t bytes, bool pinned,
+                                     Status* status) {
+  if (bytes == 0) {
+    *status = InvalidArgument("buffer size must be positive");
+    return nullptr;
+  }
+  auto* b = new Buffer();
+  b->size = bytes;
+  b->pin_count = pinned ? 1 : 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  b->id = next_buffer_id_++;
+  BfcArena::ChunkHandle h =
+      AllocateChunk(lock, bytes, b, AllocSource::kFullReclaim, status);
+  if (h == BfcArena::kInvalidChunk) {
+    delete b;
+    return nullptr;
+  }
+  b->chunk = h;
+  b->device_ptr = arena_->chunk(h)->ptr;
+  buffers_.emplace(b->id, b);
+  if (!b->active()) LruPush(b);
+  b->step_created = prefetch_.step;
+  b->step_ordinal = prefetch_.next_ordinal++;
+  prefetch_.by_ordinal[b->step_ordinal] = b;
+  *status = Status::Ok();
+  return b;
+}
+
+void Engine::Impl::DestroyBufferLocked(Buffer* b) {
+  if (b->ready) {
+    // A page-in into this chunk may still be landing and no kernel waited
+    // for it; order the chunk's next user (on the compute stream) after it.
+    device_->WaitEvent(device_->GetStream(StreamKind::kCompute), b->ready);
+    b->ready.reset();
+  }
+  if (b->resident()) {
+    if (b->in_lru) LruRemove(b);
+    AddChunkBytes(b, -static_cast<int64_t>(arena_->chunk(b->chunk)->size));
+    arena_->FreeChunk(b->chunk);
+    b->chunk = BfcArena::kInvalidChunk;
+  }
+  if (b->host_ptr != nullptr) {
+    counters_.current_bytes_reclaimed -= static_cast<int64_t>(b->host_bytes);
+    host_pool_->Free(b->host_ptr);
+    b->host_ptr = nullptr;
+  }
+  if (b->prefetched) {
+    prefetch_.inflight_bytes -= b->size;
+    b->prefetched = false;
+  }
+  ForgetBufferForPrefetch(b);
+  buffers_.erase(b->id);
+  delete b;
+}
+
+Status Engine::Impl::FreeBuffer(Buffer* b) {
+  if (b == nullptr) return InvalidArgument("buffer must not be null");
+  std::unique_lock<std::mutex> lock(mu_);
+  if (b->free_requested) {
+    return FailedPrecondition("buffer " + std::to_string(b->id) +
+                              " was already freed");
+  }
+  if (b->pin_count > 0) {
+    return FailedPrecondition(
+        "buffer " + std::to_string(b->id) + " is pinned " +
+        std::to_string(b->pin_count) + " time(s); unpin it before freeing");
+  }
+  if (b->state != BufferState::kResident &&
+      b->state != BufferState::kReclaimed) {
+    // A copy is in flight; the thread running it destroys the buffer when
+    // the copy settles, so no byte is touched after this returns.
+    b->free_requested = true;
+    return Status::Ok();
+  }
+  DestroyBufferLocked(b);
+  ReleaseSettledHostCopies(&lock, /*wait=*/false);
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------
+// Engine: thin forwarding to Impl.
+
+Engine::Engine(Device* device, const EngineOptions& options)
+    : impl_(std::make_unique<Impl>(device, options)) {}
+Engine::~Engine() = default;
+
+Status Engine::Init() { return impl_->Init(); }
+const EngineOptions& Engine::options() const { return impl_->options_; }
+void* Engine::AllocateRaw(size_t bytes, Status* status) {
+  return impl_->AllocateRaw(bytes, status);
+}
+void Engine::DeallocateRaw(void* ptr) { impl_->DeallocateRaw(ptr); }
+size_t Engine::RequestedSize(const void* ptr) const {
+  return impl_->RequestedSize(ptr);
+}
+size_t Engine::AllocatedSize(const void* ptr) const {
+  return impl_->AllocatedSize(ptr);
+}
+Buffer* Engine::AllocateBuffer(size_t bytes, bool pinned, Status* status) {
+  return impl_->AllocateBuffer(bytes, pinned, status);
+}
+Status Engine::FreeBuffer(Buffer* buffer) { return impl_->FreeBuffer(buffer); }
+Status Engine::Pin(Buffer* buffer, void** device_ptr) {
+  return impl_->Pin(buffer, device_ptr);
+}
+Status Engine::Unpin(Buffer* buffer) { return impl_->Unpin(buffer); }
+Status Engine::MarkUnmovable(Buffer* buffer, void** device_ptr) {
+  return impl_->MarkUnmovable(buffer, device_ptr);
+}
+Status Engine::ReadBuffer(Buffer* buffer, size_t offset, void* dst,
+                          size_t bytes) {
+  return impl_->Access(buffer, offset, dst, bytes, /*write=*/false);
+}
+Status Engine::WriteBuffer(Buffer* buffer, size_t offset, const void* src,
+                           size_t bytes) {
+  return impl_->Access(buffer, offset, const_cast<void*>(src), bytes,
+                       /*write=*/true);
+}
+size_t Engine::BufferSize(const Buffer* buffer) const { return buffer->size; }
+BufferState Engine::GetBufferState(const Buffer* buffer) const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return buffer->state;
+}
+int Engine::PinCount(const Buffer* buffer) const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return buffer->pin_count;
+}
+Status Engine::ReclaimInactive(size_t* bytes) {
+  return impl_->ReclaimInactive(bytes);
+}
+Status Engine::Defragment(size_t* bytes_moved) {
+  return impl_->Defragment(bytes_moved);
+}
+void Engine::StepBegin() { impl_->StepBegin(); }
+Status Engine::SetLmsLimit(size_t bytes) { return impl_->SetLmsLimit(bytes); }
+EngineStats Engine::GetStats() const { return impl_->GetStats(); }
+void Engine::GetFreeSpace(size_t* largest_free, size_t* total_free) const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  *largest_free = impl_->arena_->LargestFreeChunk();
+  *total_free = impl_->arena_->TotalFreeBytes();
+}
+Status Engine::CheckInvariants() const { return impl_->CheckInvariants(); }
+
+}  // namespace tflms

@@ -1,0 +1,213 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// Engine internals shared by the mechanism files:
+//   engine.cc     public API, raw allocations, the allocation path
+//   residency.cc  pin/unpin, page-out, page-in
+//   reclaim.cc    victim choice: single, fragments, full
+//   defrag.cc     defragmentation (moves within the device)
+//   prefetch.cc   step-pattern prefetch
+//   stats.cc      statistics snapshot, invariants, out-of-memory messages
+//
+// Locking discipline:
+//   * mu_ guards the arena, every Buffer field, the LRU, the counters and
+//     the prefetch state.
+//   * mu_ is NEVER held across a device copy or a host-blocking wait
+//     (SynchronizeEvent, HostPool allocation). A thread that needs to copy
+//     marks the buffers it copies with a transient state (kPagingOut,
+//     kPagingIn, kMoving) under mu_, drops mu_, copies, retakes mu_ and
+//     settles the state. Other threads that need such a buffer wait on cv_.
+//   * host_pool_ has its own lock; it is taken with mu_ released.
+//
+// Ownership: the engine owns every Buffer from AllocateBuffer until
+// FreeBuffer (or until the copy in flight when FreeBuffer was called has
+// settled: see Buffer::free_requested).
+#ifndef TFLMS_CORE_SRC_ENGINE_IMPL_H_
+#define TFLMS_CORE_SRC_ENGINE_IMPL_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "bfc_arena.h"
+#include "host_pool.h"
+#include "tflms/engine.h"
+
+namespace tflms {
+
+class Buffer {
+ public:
+  int64_t id = 0;
+  size_t size = 0;  // bytes requested
+  BfcArena::ChunkHandle chunk = BfcArena::kInvalidChunk;  // when resident
+  char* device_ptr = nullptr;                              // when resident
+  void* host_ptr = nullptr;  // the host copy while reclaimed
+  size_t host_bytes = 0;
+  int pin_count = 0;
+  BufferState state = BufferState::kResident;
+  bool unmovable = false;
+  bool free_requested = false;  // freed while a copy was in flight
+  bool prefetched = false;      // paged in ahead of use, not pinned since
+  EventRef last_use;  // compute-stream event recorded at the last unpin
+  EventRef ready;     // event the compute stream must wait for before use
+  // Intrusive LRU of inactive buffers (oldest at head).
+  Buffer* lru_prev = nullptr;
+  Buffer* lru_next = nullptr;
+  bool in_lru = false;
+  // Prefetch identity: allocation ordinal within the step that created it,
+  // or -1 for buffers that outlive steps (keyed by id then).
+  int64_t step_ordinal = -1;
+  int64_t step_created = -1;
+
+  bool resident() const { return chunk != BfcArena::kInvalidChunk; }
+  // Counted in bytes_active (not reclaimable).
+  bool active() const { return pin_count > 0 || unmovable; }
+};
+
+// An allocation step of the escalation ladder; also where a chunk came from.
+enum class AllocSource {
+  kFree,
+  kNewRegion,
+  kSingleReclaim,
+  kDefrag,
+  kFragmentReclaim,
+  kFullReclaim,
+};
+
+class Engine::Impl {
+ public:
+  Impl(Device* device, const EngineOptions& options);
+  ~Impl();
+
+  // ---- engine.cc ----
+  Status Init();
+  void* AllocateRaw(size_t bytes, Status* status);
+  void DeallocateRaw(void* ptr);
+  size_t RequestedSize(const void* ptr) const;
+  size_t AllocatedSize(const void* ptr) const;
+  Buffer* AllocateBuffer(size_t bytes, bool pinned, Status* status);
+  Status FreeBuffer(Buffer* b);
+  Status SetLmsLimit(size_t bytes);
+  // Obtains a chunk for `owner` climbing the ladder up to `max_source`.
+  // Called with `lock` held; may release and retake it while copying.
+  BfcArena::ChunkHandle AllocateChunk(std::unique_lock<std::mutex>& lock,
+                                      size_t bytes, Buffer* owner,
+                                      AllocSource max_source, Status* status);
+  // Frees the chunk and buffer bookkeeping of a buffer that is settled.
+  void DestroyBufferLocked(Buffer* b);
+
+  // ---- residency.cc ----
+  Status Pin(Buffer* b, void** device_ptr);
+  Status Unpin(Buffer* b);
+  Status MarkUnmovable(Buffer* b, void** device_ptr);
+  Status Access(Buffer* b, size_t offset, void* host, size_t bytes,
+                bool write);
+  // Pages `victims` out (all must be inactive and marked kPagingOut by the
+  // caller, off the LRU). Returns with `lock` held. *bytes: bytes reclaimed.
+  Status PageOut(std::unique_lock<std::mutex>& lock,
+                 const std::vector<Buffer*>& victims, size_t* bytes);
+  // Brings a reclaimed buffer back. `for_prefetch` limits the ladder to
+  // cheap steps so prefetch never causes a full reclaim.
+  Status PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
+                bool for_prefetch);
+  void LruPush(Buffer* b);
+  void LruRemove(Buffer* b);
+  // Frees host copies whose page-in has landed. With `wait`, first waits
+  // (mu_ released meanwhile) for the ones still in flight.
+  void ReleaseSettledHostCopies(std::unique_lock<std::mutex>* lock, bool wait);
+  // Waits for the compute/copy events a buffer's bytes depend on, on `stream`.
+  Status OrderAfterUses(Stream* stream, const EventRef& last_use,
+                        const EventRef& ready);
+
+  // ---- reclaim.cc ----
+  // Choose victims for a request of `rounded` bytes; empty if none.
+  std::vector<Buffer*> ChooseSingleVictim(size_t rounded);
+  std::vector<Buffer*> ChooseFragmentVictims(size_t rounded);
+  std::vector<Buffer*> ChooseAllInactive();
+  bool Reclaimable(const Buffer* b) const;
+  Status ReclaimInactive(size_t* bytes);
+
+  // ---- defrag.cc ----
+  // Makes a free chunk of `rounded` bytes by moving inactive buffers.
+  Status DefragFor(std::unique_lock<std::mutex>& lock, size_t rounded,
+                   size_t* moved);
+  Status Defragment(size_t* bytes_moved);
+  bool Movable(const Buffer* b) const;
+  Status MoveBuffers(std::unique_lock<std::mutex>& lock,
+                     const std::vector<std::pair<Buffer*, BfcArena::ChunkHandle>>&
+                         moves,
+                     size_t* moved);
+
+  // ---- prefetch.cc ----
+  void StepBegin();
+  // Records the pin and returns buffers worth paging in ahead of use.
+  std::vector<Buffer*> NotePinAndPlan(Buffer* b);
+  void RunPrefetch(std::unique_lock<std::mutex>& lock,
+                   const std::vector<Buffer*>& plan);
+  void ForgetBufferForPrefetch(Buffer* b);
+
+  // ---- stats.cc ----
+  EngineStats GetStats() const;
+  Status CheckInvariants() const;
+  std::string OutOfMemoryMessage(size_t bytes, size_t rounded,
+                                 const Status& host_status) const;
+  int64_t NowNs() const;
+  // Accounts `delta` chunk bytes owned by `owner` (nullptr: raw) as active
+  // or inactive according to owner->active().
+  void AddChunkBytes(const Buffer* owner, int64_t delta);
+  // Moves a resident buffer's chunk bytes between active and inactive when
+  // its activity changes; call with the activity before the change.
+  void SetActivity(Buffer* b, bool was_active);
+  void CountSource(AllocSource source);
+
+  Device* const device_;
+  EngineOptions options_;
+  size_t lms_limit_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // buffer state transitions
+
+  std::unique_ptr<SubAllocator> device_sub_;
+  std::unique_ptr<BfcArena> arena_;    // guarded by mu_
+  std::unique_ptr<HostPool> host_pool_;  // own lock
+
+  // All live buffers, by id (guarded by mu_).
+  std::unordered_map<int64_t, Buffer*> buffers_;
+  int64_t next_buffer_id_ = 1;
+  Buffer* lru_head_ = nullptr;  // oldest inactive
+  Buffer* lru_tail_ = nullptr;  // newest inactive
+
+  // Host copies whose page-in is enqueued but maybe not finished; freed
+  // once their event completes (guarded by mu_).
+  struct PendingHostFree {
+    void* ptr;
+    size_t bytes;
+    EventRef event;
+  };
+  std::vector<PendingHostFree> pending_host_frees_;
+
+  // Counters (guarded by mu_). BFC counters live in arena_.
+  EngineStats counters_;
+  int64_t bytes_active_ = 0;
+  int64_t bytes_inactive_ = 0;
+
+  // Prefetch state (guarded by mu_).
+  struct PrefetchState {
+    int64_t step = 0;
+    int64_t next_ordinal = 0;
+    std::vector<int64_t> recording;  // keys pinned this step
+    std::vector<int64_t> learned;    // keys pinned last step
+    size_t cursor = 0;
+    std::unordered_map<int64_t, Buffer*> by_ordinal;  // this step's buffers
+    size_t inflight_bytes = 0;  // prefetched, not yet pinned
+  } prefetch_;
+};
+
+// Key under which prefetch knows a buffer across steps.
+int64_t PrefetchKey(const Buffer* b);
+
+}  // namespace tflms
+
+#endif  // TFLMS_CORE_SRC_ENGINE_IMPL_H_

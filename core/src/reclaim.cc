@@ -1,0 +1,119 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// Reclaim: which inactive buffers to page out when a request does not fit.
+//
+// Three policies, tried in this order by the allocation ladder (engine.cc),
+// each cheaper in bytes copied than the next:
+//   single     the least recently used inactive buffer whose chunk, merged
+//              with its free neighbours, holds the request. One copy.
+//              (TFLMS counted neighbours with a bug so they never counted;
+//              here they do, which is what makes one victim usually enough.)
+//   fragments  the window of adjacent chunks, all free or reclaimable, that
+//              holds the request with the fewest bytes to page out. TFLMS
+//              left this step a stub; PyTorch LMS had it.
+//   full       every inactive buffer.
+// All three only choose; PageOut (residency.cc) copies and frees. Choosing
+// runs under mu_ and touches no device.
+#include <limits>
+
+#include "engine_impl.h"
+
+namespace tflms {
+
+bool Engine::Impl::Reclaimable(const Buffer* b) const {
+  return b != nullptr && b->state == BufferState::kResident && b->in_lru &&
+         b->pin_count == 0 && !b->unmovable && !b->free_requested;
+}
+
+std::vector<Buffer*> Engine::Impl::ChooseSingleVictim(size_t rounded) {
+  const size_t in_use = arena_->bytes_in_use();
+  for (Buffer* b = lru_head_; b != nullptr; b = b->lru_next) {
+    if (!Reclaimable(b)) continue;
+    const BfcArena::Chunk* c = arena_->chunk(b->chunk);
+    size_t span = c->size;
+    if (c->prev != BfcArena::kInvalidChunk && !arena_->chunk(c->prev)->in_use()) {
+      span += arena_->chunk(c->prev)->size;
+    }
+    if (c->next != BfcArena::kInvalidChunk && !arena_->chunk(c->next)->in_use()) {
+      span += arena_->chunk(c->next)->size;
+    }
+    // Under an LMS limit below the device size, the victim must also bring
+    // the bytes in use back under the limit.
+    const bool under_limit = in_use - c->size + rounded <= lms_limit_;
+    if (span >= rounded && under_limit) return {b};
+  }
+  return {};
+}
+
+std::vector<Buffer*> Engine::Impl::ChooseFragmentVictims(size_t rounded) {
+  // Two-pointer scan of each region in address order. A window may only
+  // contain free chunks and reclaimable buffers; among windows holding
+  // `rounded` bytes, keep the one that pages out the fewest bytes.
+  size_t best_cost = std::numeric_limits<size_t>::max();
+  BfcArena::ChunkHandle best_first = BfcArena::kInvalidChunk;
+  BfcArena::ChunkHandle best_last = BfcArena::kInvalidChunk;
+  auto eligible = [&](const BfcArena::Chunk* c) {
+    return !c->in_use() || Reclaimable(static_cast<const Buffer*>(c->owner));
+  };
+  arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
+    BfcArena::ChunkHandle left = first;
+    size_t total = 0, cost = 0;
+    for (BfcArena::ChunkHandle right = first; right != BfcArena::kInvalidChunk;
+         right = arena_->chunk(right)->next) {
+      const BfcArena::Chunk* rc = arena_->chunk(right);
+      if (!eligible(rc)) {
+        left = rc->next;
+        total = cost = 0;
+        continue;
+      }
+      total += rc->size;
+      if (rc->in_use()) cost += rc->size;
+      // Shrink from the left while the window still holds the request.
+      while (left != right) {
+        const BfcArena::Chunk* lc = arena_->chunk(left);
+        if (total - lc->size < rounded) break;
+        total -= lc->size;
+        if (lc->in_use()) cost -= lc->size;
+        left = lc->next;
+      }
+      if (total >= rounded && cost > 0 && cost < best_cost) {
+        best_cost = cost;
+        best_first = left;
+        best_last = right;
+      }
+    }
+  });
+  std::vector<Buffer*> victims;
+  if (best_first == BfcArena::kInvalidChunk) return victims;
+  for (BfcArena::ChunkHandle h = best_first;; h = arena_->chunk(h)->next) {
+    const BfcArena::Chunk* c = arena_->chunk(h);
+    if (c->in_use()) victims.push_back(static_cast<Buffer*>(c->owner));
+    if (h == best_last) break;
+  }
+  return victims;
+}
+
+std::vector<Buffer*> Engine::Impl::ChooseAllInactive() {
+  std::vector<Buffer*> victims;
+  for (Buffer* b = lru_head_; b != nullptr; b = b->lru_next) {
+    if (Reclaimable(b)) victims.push_back(b);
+  }
+  return victims;
+}
+
+Status Engine::Impl::ReclaimInactive(size_t* bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  *bytes = 0;
+  if (!options_.lms_enabled) {
+    return FailedPrecondition(
+        "reclaim_inactive needs LMS; enable it with "
+        "tf.config.experimental.set_lms_enabled(True)");
+  }
+  std::vector<Buffer*> victims = ChooseAllInactive();
+  if (victims.empty()) return Status::Ok();
+  Status s = PageOut(lock, victims, bytes);
+  if (*bytes > 0) ++counters_.num_full_reclaims;
+  return s;
+}
+
+}  // namespace tflms

@@ -1,0 +1,360 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// Residency: pin/unpin, page-out and page-in.
+//
+// State machine of a buffer (transient states in brackets, entered and left
+// under mu_, with mu_ released in between while bytes are copied):
+//
+//   Resident --(PageOut)--> [PagingOut] --ok--> Reclaimed
+//                                       --failed--> Resident (bytes intact)
+//   Reclaimed --(PageIn)--> [PagingIn] --ok--> Resident
+//                                      --failed--> Reclaimed (host copy kept)
+//   A FreeBuffer that finds a transient state sets free_requested; whoever
+//   settles the state destroys the buffer (PageIn leaves that to its caller).
+//   Resident --(defrag)--> [Moving] --> Resident (new or old address)
+//
+// Guarantees:
+//   * A device chunk is freed only after the event that proves its bytes
+//     reached the host has been synchronized without error.
+//   * A host copy is freed only after the event of the page-in that read it
+//     has completed (pending_host_frees_).
+//   * Copies out of a chunk are ordered after the buffer's last use (the
+//     compute-stream event recorded at its last Unpin) and after the copy
+//     that filled it (ready); copies into a chunk are ordered after all work
+//     already enqueued on the compute stream, since that work may still read
+//     the chunk's previous owner, which the host already freed.
+//   * Pin never returns while the buffer is in a transient state: it waits
+//     on cv_, so no kernel ever sees a half-moved buffer.
+#include <chrono>
+#include <string>
+
+#include "engine_impl.h"
+
+namespace tflms {
+
+void Engine::Impl::LruPush(Buffer* b) {
+  b->lru_prev = lru_tail_;
+  b->lru_next = nullptr;
+  if (lru_tail_ != nullptr) {
+    lru_tail_->lru_next = b;
+  } else {
+    lru_head_ = b;
+  }
+  lru_tail_ = b;
+  b->in_lru = true;
+}
+
+void Engine::Impl::LruRemove(Buffer* b) {
+  if (!b->in_lru) return;
+  if (b->lru_prev != nullptr) {
+    b->lru_prev->lru_next = b->lru_next;
+  } else {
+    lru_head_ = b->lru_next;
+  }
+  if (b->lru_next != nullptr) {
+    b->lru_next->lru_prev = b->lru_prev;
+  } else {
+    lru_tail_ = b->lru_prev;
+  }
+  b->lru_prev = b->lru_next = nullptr;
+  b->in_lru = false;
+}
+
+Status Engine::Impl::OrderAfterUses(Stream* stream, const EventRef& last_use,
+                                    const EventRef& ready) {
+  if (last_use) TFLMS_RETURN_IF_ERROR(device_->WaitEvent(stream, last_use));
+  if (ready) TFLMS_RETURN_IF_ERROR(device_->WaitEvent(stream, ready));
+  return Status::Ok();
+}
+
+void Engine::Impl::ReleaseSettledHostCopies(std::unique_lock<std::mutex>* lock,
+                                            bool wait) {
+  if (pending_host_frees_.empty()) return;
+  if (wait) {
+    std::vector<PendingHostFree> pending;
+    pending.swap(pending_host_frees_);
+    lock->unlock();
+    for (PendingHostFree& p : pending) {
+      device_->SynchronizeEvent(p.event);
+      host_pool_->Free(p.ptr);
+    }
+    lock->lock();
+    return;
+  }
+  size_t kept = 0;
+  for (PendingHostFree& p : pending_host_frees_) {
+    if (device_->EventDone(p.event)) {
+      host_pool_->Free(p.ptr);
+    } else {
+      pending_host_frees_[kept++] = std::move(p);
+    }
+  }
+  pending_host_frees_.resize(kept);
+}
+
+Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
+                             const std::vector<Buffer*>& victims,
+                             size_t* bytes) {
+  *bytes = 0;
+  struct Copy {
+    Buffer* buffer;
+    const char* src;
+    size_t size;
+    EventRef last_use;
+    EventRef ready;
+    void* host = nullptr;
+  };
+  std::vector<Copy> copies;
+  copies.reserve(victims.size());
+  for (Buffer* v : victims) {
+    LruRemove(v);
+    v->state = BufferState::kPagingOut;
+    if (v->prefetched) {  // a prefetch that came too early
+      prefetch_.inflight_bytes -= v->size;
+      v->prefetched = false;
+    }
+    copies.push_back({v, v->device_ptr, v->size, v->last_use, v->ready});
+  }
+  ReleaseSettledHostCopies(&lock, /*wait=*/false);
+  const bool retry_after_drain = !pending_host_frees_.empty();
+  lock.unlock();
+
+  const int64_t start = NowNs();
+  Status status;
+  Stream* d2h = device_->GetStream(StreamKind::kDeviceToHost);
+  bool drained = false;
+  for (Copy& c : copies) {
+    Status s;
+    c.host = host_pool_->Allocate(c.size, &s);
+    if (c.host == nullptr && retry_after_drain && !drained) {
+      // Host copies of recent page-ins may still be waiting for their
+      // events; wait for them and try once more before giving up.
+      lock.lock();
+      ReleaseSettledHostCopies(&lock, /*wait=*/true);
+      lock.unlock();
+      drained = true;
+      c.host = host_pool_->Allocate(c.size, &s);
+    }
+    if (c.host == nullptr) {
+      status = s;
+      continue;
+    }
+    s = OrderAfterUses(d2h, c.last_use, c.ready);
+    if (s.ok()) s = device_->CopyDeviceToHost(d2h, c.host, c.src, c.size);
+    if (!s.ok()) {
+      host_pool_->Free(c.host);
+      c.host = nullptr;
+      status = s;
+    }
+  }
+  Status sync;
+  EventRef done = device_->RecordEvent(d2h, &sync);
+  if (done) sync = device_->SynchronizeEvent(done);
+  const int64_t blocked = NowNs() - start;
+
+  lock.lock();
+  counters_.page_out_wait_ns += blocked;
+  for (Copy& c : copies) {
+    Buffer* v = c.buffer;
+    const bool copied = c.host != nullptr && sync.ok();
+    if (!copied) {
+      if (c.host != nullptr) host_pool_->Free(c.host);
+      v->state = BufferState::kResident;
+      if (v->free_requested) {
+        DestroyBufferLocked(v);
+      } else {
+        LruPush(v);
+      }
+      continue;
+    }
+    const size_t chunk_size = arena_->chunk(v->chunk)->size;
+    AddChunkBytes(v, -static_cast<int64_t>(chunk_size));
+    arena_->FreeChunk(v->chunk);
+    v->chunk = BfcArena::kInvalidChunk;
+    v->device_ptr = nullptr;
+    v->host_ptr = c.host;
+    v->host_bytes = v->size;
+    v->last_use.reset();
+    v->ready.reset();
+    v->state = BufferState::kReclaimed;
+    counters_.bytes_reclaimed += static_cast<int64_t>(v->size);
+    counters_.current_bytes_reclaimed += static_cast<int64_t>(v->size);
+    counters_.peak_bytes_reclaimed = std::max(
+        counters_.peak_bytes_reclaimed, counters_.current_bytes_reclaimed);
+    *bytes += chunk_size;
+    if (v->free_requested) DestroyBufferLocked(v);
+  }
+  cv_.notify_all();
+  if (!sync.ok()) return sync;
+  return status;
+}
+
+Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
+                            bool for_prefetch) {
+  b->state = BufferState::kPagingIn;
+  Status status;
+  BfcArena::ChunkHandle h = AllocateChunk(
+      lock, b->size, b,
+      for_prefetch ? AllocSource::kSingleReclaim : AllocSource::kFullReclaim,
+      &status);
+  if (h == BfcArena::kInvalidChunk) {
+    b->state = BufferState::kReclaimed;
+    cv_.notify_all();
+    return status;
+  }
+  b->chunk = h;
+  b->device_ptr = arena_->chunk(h)->ptr;
+  char* dst = b->device_ptr;
+  void* host = b->host_ptr;
+  const size_t size = b->size;
+  lock.unlock();
+
+  Stream* h2d = device_->GetStream(StreamKind::kHostToDevice);
+  Stream* compute = device_->GetStream(StreamKind::kCompute);
+  EventRef compute_now = device_->RecordEvent(compute, &status);
+  if (status.ok()) status = device_->WaitEvent(h2d, compute_now);
+  if (status.ok()) status = device_->CopyHostToDevice(h2d, dst, host, size);
+  EventRef ready;
+  if (status.ok()) ready = device_->RecordEvent(h2d, &status);
+
+  lock.lock();
+  if (!status.ok()) {
+    AddChunkBytes(b, -static_cast<int64_t>(arena_->chunk(h)->size));
+    arena_->FreeChunk(h);
+    b->chunk = BfcArena::kInvalidChunk;
+    b->device_ptr = nullptr;
+    b->state = BufferState::kReclaimed;
+    cv_.notify_all();
+    return status;
+  }
+  // The copy reads the host copy asynchronously: free it once it landed.
+  pending_host_frees_.push_back({host, b->host_bytes, ready});
+  counters_.current_bytes_reclaimed -= static_cast<int64_t>(b->host_bytes);
+  b->host_ptr = nullptr;
+  b->host_bytes = 0;
+  b->ready = ready;
+  b->state = BufferState::kResident;
+  ++counters_.num_page_ins;
+  counters_.bytes_paged_in += static_cast<int64_t>(size);
+  if (!b->active()) LruPush(b);
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
+  if (b == nullptr) return InvalidArgument("buffer must not be null");
+  std::unique_lock<std::mutex> lock(mu_);
+  if (b->free_requested) {
+    return FailedPrecondition("buffer " + std::to_string(b->id) +
+                              " was freed; it cannot be pinned");
+  }
+  int64_t waited_since = -1;
+  for (;;) {
+    if (b->state == BufferState::kResident) break;
+    if (b->state == BufferState::kReclaimed) {
+      // PageIn returns with mu_ held and the buffer resident, so nothing can
+      // evict it before the pin below.
+      Status s = PageIn(lock, b, /*for_prefetch=*/false);
+      if (b->free_requested) {
+        // FreeBuffer ran while the copy was in flight and left the buffer
+        // to us; it is gone for the caller either way.
+        DestroyBufferLocked(b);
+        return FailedPrecondition("buffer was freed while being pinned");
+      }
+      TFLMS_RETURN_IF_ERROR(s);
+      ++counters_.prefetch_misses;
+      continue;
+    }
+    if (waited_since < 0) waited_since = NowNs();
+    cv_.wait(lock);
+    if (b->free_requested) {
+      return FailedPrecondition("buffer " + std::to_string(b->id) +
+                                " was freed while being pinned");
+    }
+  }
+  if (waited_since >= 0) counters_.page_in_stall_ns += NowNs() - waited_since;
+  ReleaseSettledHostCopies(&lock, /*wait=*/false);
+  if (b->prefetched) {
+    ++counters_.prefetch_hits;
+    prefetch_.inflight_bytes -= b->size;
+    b->prefetched = false;
+  }
+  const bool was_active = b->active();
+  ++b->pin_count;
+  SetActivity(b, was_active);
+  *device_ptr = b->device_ptr;
+  EventRef ready = std::move(b->ready);
+  b->ready.reset();
+  std::vector<Buffer*> plan;
+  if (options_.prefetch_enabled) plan = NotePinAndPlan(b);
+  if (!plan.empty()) RunPrefetch(lock, plan);
+  lock.unlock();
+  if (ready) {
+    // The page-in is enqueued; kernels on the compute stream wait for it
+    // without blocking this thread.
+    return device_->WaitEvent(device_->GetStream(StreamKind::kCompute), ready);
+  }
+  return Status::Ok();
+}
+
+Status Engine::Impl::Unpin(Buffer* b) {
+  if (b == nullptr) return InvalidArgument("buffer must not be null");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (b->pin_count <= 0) {
+      return FailedPrecondition("unpin of buffer " + std::to_string(b->id) +
+                                " without a matching pin");
+    }
+  }
+  // The event marks the buffer's last use: every kernel enqueued so far.
+  Status status;
+  EventRef last_use =
+      device_->RecordEvent(device_->GetStream(StreamKind::kCompute), &status);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (b->pin_count <= 0) {
+    return FailedPrecondition("unpin of buffer " + std::to_string(b->id) +
+                              " without a matching pin");
+  }
+  const bool was_active = b->active();
+  --b->pin_count;
+  if (last_use) b->last_use = std::move(last_use);
+  SetActivity(b, was_active);
+  return status;
+}
+
+Status Engine::Impl::MarkUnmovable(Buffer* b, void** device_ptr) {
+  TFLMS_RETURN_IF_ERROR(Pin(b, device_ptr));
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool was_active = b->active();
+  b->unmovable = true;
+  --b->pin_count;
+  SetActivity(b, was_active);
+  return Status::Ok();
+}
+
+Status Engine::Impl::Access(Buffer* b, size_t offset, void* host,
+                            size_t bytes, bool write) {
+  if (b == nullptr) return InvalidArgument("buffer must not be null");
+  if (offset > b->size || bytes > b->size - offset) {
+    return InvalidArgument("access of " + std::to_string(bytes) +
+                           " bytes at offset " + std::to_string(offset) +
+                           " is outside the buffer of " +
+                           std::to_string(b->size) + " bytes");
+  }
+  if (bytes == 0) return Status::Ok();
+  void* ptr = nullptr;
+  TFLMS_RETURN_IF_ERROR(Pin(b, &ptr));
+  char* device = static_cast<char*>(ptr) + offset;
+  Status s = write ? device_->WriteDeviceSync(device, host, bytes)
+                   : device_->ReadDeviceSync(host, device, bytes);
+  Status u = Unpin(b);
+  return s.ok() ? u : s;
+}
+
+int64_t Engine::Impl::NowNs() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace tflms

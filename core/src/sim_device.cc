@@ -1,0 +1,388 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// SimDevice: see sim_device.h. Each stream runs its work in order, on a
+// worker thread with store_data or inline without it. A failed copy leaves
+// an error on its stream that the next recorded event takes over, the way a
+// CUDA stream error surfaces at the next synchronisation.
+#include "sim_device.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace tflms {
+namespace {
+
+// Synthetic device addresses when no bytes are stored; never dereferenced.
+constexpr uintptr_t kFakeDeviceBase = uintptr_t{1} << 40;
+constexpr size_t kArenaAlignment = 256;
+
+int Index(StreamKind kind) { return static_cast<int>(kind); }
+
+}  // namespace
+
+class SimDevice::SimEvent : public Event {
+ public:
+  void Complete(const Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status;
+    done_ = true;
+    cv_.notify_all();
+  }
+  Status Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+    return status_;
+  }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+
+  double vt = 0;  // modelled completion time; written once before sharing
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;     // guarded by mu_
+  Status status_;         // guarded by mu_
+};
+
+class SimDevice::SimStream : public Stream {
+ public:
+  SimStream(StreamKind kind, bool threaded) : kind_(kind) {
+    if (threaded) worker_ = std::thread([this] { Run(); });
+  }
+  ~SimStream() override {
+    if (worker_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      worker_.join();
+    }
+  }
+
+  StreamKind kind() const { return kind_; }
+
+  // Runs `task` after everything enqueued before it.
+  void Enqueue(std::function<void()> task) {
+    if (!worker_.joinable()) {
+      task();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(task));
+    }
+    cv_.notify_all();
+  }
+
+  // Called from tasks (on the worker, or inline): the stream's sticky error.
+  void SetError(const Status& s) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (error_.ok()) error_ = s;
+  }
+  Status TakeError() {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    Status s = error_;
+    error_ = Status();
+    return s;
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and drained
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+
+  const StreamKind kind_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;  // guarded by mu_
+  bool stop_ = false;                        // guarded by mu_
+  std::mutex error_mu_;
+  Status error_;  // guarded by error_mu_
+  std::thread worker_;
+};
+
+SimDevice::SimDevice(const SimOptions& options) : options_(options) {
+  const size_t capacity =
+      (options.device_memory + kArenaAlignment - 1) & ~(kArenaAlignment - 1);
+  if (options.store_data) {
+    // Pages are touched lazily by the OS, so a large arena costs only what
+    // is written.
+    arena_ = static_cast<char*>(
+        std::aligned_alloc(kArenaAlignment, std::max<size_t>(capacity, 256)));
+    base_ = arena_;
+  } else {
+    base_ = reinterpret_cast<char*>(kFakeDeviceBase);
+  }
+  if (capacity > 0) free_ranges_[0] = capacity;
+  for (int i = 0; i < 3; ++i) {
+    fail_copies_[i] = 0;
+    streams_[i] = std::make_unique<SimStream>(static_cast<StreamKind>(i),
+                                              options.store_data);
+  }
+}
+
+SimDevice::~SimDevice() {
+  for (auto& s : streams_) s.reset();  // drains and joins the workers
+  std::free(arena_);
+}
+
+void* SimDevice::AllocateDeviceMemory(size_t bytes, size_t alignment) {
+  (void)alignment;  // every range starts on kArenaAlignment
+  if (refuse_device_ || bytes == 0) return nullptr;
+  const size_t need = (bytes + kArenaAlignment - 1) & ~(kArenaAlignment - 1);
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {
+    if (it->second < need) continue;
+    const size_t offset = it->first;
+    const size_t rest = it->second - need;
+    free_ranges_.erase(it);
+    if (rest > 0) free_ranges_[offset + need] = rest;
+    return base_ + offset;
+  }
+  return nullptr;
+}
+
+void SimDevice::FreeDeviceMemory(void* ptr, size_t bytes) {
+  const size_t size = (bytes + kArenaAlignment - 1) & ~(kArenaAlignment - 1);
+  size_t offset = static_cast<size_t>(static_cast<char*>(ptr) - base_);
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  auto next = free_ranges_.lower_bound(offset);
+  size_t merged = size;
+  if (next != free_ranges_.end() && next->first == offset + size) {
+    merged += next->second;
+    free_ranges_.erase(next);
+  }
+  auto it = free_ranges_.lower_bound(offset);
+  if (it != free_ranges_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == offset) {
+      prev->second += merged;
+      return;
+    }
+  }
+  free_ranges_[offset] = merged;
+}
+
+void* SimDevice::AllocateHostMemory(size_t bytes) {
+  if (refuse_host_ || bytes == 0) return nullptr;
+  void* p;
+  if (options_.store_data) {
+    p = std::aligned_alloc(kArenaAlignment, (bytes + kArenaAlignment - 1) &
+                                                ~(kArenaAlignment - 1));
+    if (p == nullptr) return nullptr;
+  } else {
+    p = reinterpret_cast<void*>(next_fake_host_.fetch_add(
+        (bytes + kArenaAlignment - 1) & ~(kArenaAlignment - 1)));
+  }
+  host_bytes_allocated_ += static_cast<int64_t>(bytes);
+  return p;
+}
+
+void SimDevice::FreeHostMemory(void* ptr, size_t bytes) {
+  host_bytes_allocated_ -= static_cast<int64_t>(bytes);
+  if (options_.store_data) std::free(ptr);
+}
+
+Stream* SimDevice::GetStream(StreamKind kind) {
+  return streams_[Index(kind)].get();
+}
+
+bool SimDevice::InArena(const void* ptr, size_t bytes) const {
+  const char* p = static_cast<const char*>(ptr);
+  return p >= base_ && p + bytes <= base_ + options_.device_memory + 256;
+}
+
+Status SimDevice::EnqueueCopy(Stream* stream, void* dst, const void* src,
+                              size_t bytes, double bytes_per_second,
+                              bool host_to_device) {
+  auto* s = static_cast<SimStream*>(stream);
+  const int k = Index(s->kind());
+  {
+    std::lock_guard<std::mutex> lock(clock_mu_);
+    double* vt = k == 0 ? &clock_.compute_time
+                        : (k == 1 ? &clock_.d2h_time : &clock_.h2d_time);
+    const double start = std::max(*vt, clock_.host_time);
+    const double duration =
+        options_.link_latency_seconds +
+        static_cast<double>(bytes) / bytes_per_second;
+    *vt = start + duration;
+    if (k == 1) {
+      clock_.d2h_busy += duration;
+      clock_.d2h_bytes += static_cast<int64_t>(bytes);
+    } else if (k == 2) {
+      clock_.h2d_busy += duration;
+      clock_.h2d_bytes += static_cast<int64_t>(bytes);
+    } else {
+      clock_.compute_busy += duration;
+      clock_.d2d_bytes += static_cast<int64_t>(bytes);
+    }
+  }
+  (void)host_to_device;
+  bool fail = false;
+  int expected = fail_copies_[k].load();
+  while (expected > 0 &&
+         !fail_copies_[k].compare_exchange_weak(expected, expected - 1)) {
+  }
+  fail = expected > 0;
+  const bool store = options_.store_data;
+  s->Enqueue([s, dst, src, bytes, fail, store] {
+    if (fail) {
+      s->SetError(Internal("simulated copy failure (fault injection)"));
+      return;
+    }
+    if (store) std::memmove(dst, src, bytes);
+  });
+  return Status::Ok();
+}
+
+Status SimDevice::CopyDeviceToHost(Stream* stream, void* host_dst,
+                                   const void* device_src, size_t bytes) {
+  if (!InArena(device_src, bytes)) {
+    return InvalidArgument("device-to-host copy from outside device memory");
+  }
+  return EnqueueCopy(stream, host_dst, device_src, bytes,
+                     options_.link_bytes_per_second, false);
+}
+
+Status SimDevice::CopyHostToDevice(Stream* stream, void* device_dst,
+                                   const void* host_src, size_t bytes) {
+  if (!InArena(device_dst, bytes)) {
+    return InvalidArgument("host-to-device copy to outside device memory");
+  }
+  return EnqueueCopy(stream, device_dst, host_src, bytes,
+                     options_.link_bytes_per_second, true);
+}
+
+Status SimDevice::CopyDeviceToDevice(Stream* stream, void* device_dst,
+                                     const void* device_src, size_t bytes) {
+  if (!InArena(device_dst, bytes) || !InArena(device_src, bytes)) {
+    return InvalidArgument("device-to-device copy outside device memory");
+  }
+  // A device copy reads and writes device memory: half the bandwidth each.
+  return EnqueueCopy(stream, device_dst, device_src, bytes,
+                     options_.device_bytes_per_second / 2, false);
+}
+
+EventRef SimDevice::RecordEvent(Stream* stream, Status* status) {
+  auto* s = static_cast<SimStream*>(stream);
+  auto event = std::make_shared<SimEvent>();
+  {
+    std::lock_guard<std::mutex> lock(clock_mu_);
+    const int k = Index(s->kind());
+    const double vt = k == 0 ? clock_.compute_time
+                             : (k == 1 ? clock_.d2h_time : clock_.h2d_time);
+    event->vt = std::max(vt, clock_.host_time);
+  }
+  s->Enqueue([s, event] { event->Complete(s->TakeError()); });
+  *status = Status::Ok();
+  return event;
+}
+
+Status SimDevice::WaitEvent(Stream* stream, const EventRef& event) {
+  auto* s = static_cast<SimStream*>(stream);
+  auto e = std::static_pointer_cast<SimEvent>(event);
+  {
+    std::lock_guard<std::mutex> lock(clock_mu_);
+    const int k = Index(s->kind());
+    double* vt = k == 0 ? &clock_.compute_time
+                        : (k == 1 ? &clock_.d2h_time : &clock_.h2d_time);
+    const double would_start = std::max(*vt, clock_.host_time);
+    if (e->vt > would_start) {
+      if (k == 0) clock_.compute_stall += e->vt - would_start;
+      *vt = e->vt;
+    }
+  }
+  s->Enqueue([e] { e->Wait(); });
+  return Status::Ok();
+}
+
+Status SimDevice::SynchronizeEvent(const EventRef& event) {
+  auto e = std::static_pointer_cast<SimEvent>(event);
+  Status s = e->Wait();
+  std::lock_guard<std::mutex> lock(clock_mu_);
+  clock_.host_time = std::max(clock_.host_time, e->vt);
+  return s;
+}
+
+bool SimDevice::EventDone(const EventRef& event) {
+  return std::static_pointer_cast<SimEvent>(event)->done();
+}
+
+Status SimDevice::ReadDeviceSync(void* host_dst, const void* device_src,
+                                 size_t bytes) {
+  if (!options_.store_data) {
+    return FailedPrecondition(
+        "this simulated device stores no data (store_data=False)");
+  }
+  if (!InArena(device_src, bytes)) {
+    return InvalidArgument("read from outside device memory");
+  }
+  Status status;
+  EventRef e = RecordEvent(GetStream(StreamKind::kCompute), &status);
+  TFLMS_RETURN_IF_ERROR(SynchronizeEvent(e));
+  std::memcpy(host_dst, device_src, bytes);
+  return Status::Ok();
+}
+
+Status SimDevice::WriteDeviceSync(void* device_dst, const void* host_src,
+                                  size_t bytes) {
+  if (!options_.store_data) {
+    return FailedPrecondition(
+        "this simulated device stores no data (store_data=False)");
+  }
+  if (!InArena(device_dst, bytes)) {
+    return InvalidArgument("write to outside device memory");
+  }
+  Status status;
+  EventRef e = RecordEvent(GetStream(StreamKind::kCompute), &status);
+  TFLMS_RETURN_IF_ERROR(SynchronizeEvent(e));
+  std::memcpy(device_dst, host_src, bytes);
+  return Status::Ok();
+}
+
+void SimDevice::FailNextCopies(StreamKind kind, int n) {
+  fail_copies_[Index(kind)] = n;
+}
+
+void SimDevice::Compute(double seconds) {
+  std::lock_guard<std::mutex> lock(clock_mu_);
+  clock_.compute_time =
+      std::max(clock_.compute_time, clock_.host_time) + seconds;
+  clock_.compute_busy += seconds;
+}
+
+void SimDevice::HostAdvance(double seconds) {
+  std::lock_guard<std::mutex> lock(clock_mu_);
+  clock_.host_time += seconds;
+}
+
+void SimDevice::SynchronizeAll() {
+  for (auto& s : streams_) {
+    Status status;
+    EventRef e = RecordEvent(s.get(), &status);
+    SynchronizeEvent(e);
+  }
+}
+
+SimTimeline SimDevice::GetTimeline() const {
+  std::lock_guard<std::mutex> lock(clock_mu_);
+  return clock_;
+}
+
+}  // namespace tflms

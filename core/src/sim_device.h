@@ -1,0 +1,135 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// SimDevice: a Device whose "GPU memory" is a host arena.
+//
+// Two jobs, one backend:
+//   * Correctness (tests): with store_data, device and host memory are real
+//     bytes; each stream is a worker thread running its queue in order;
+//     events complete when a worker reaches them; WaitEvent blocks a worker,
+//     never the host. Races between streams are real races, which is what
+//     the engine's ordering must prevent.
+//   * Prediction (planner): every operation also advances a modelled clock.
+//     A stream operation starts at max(the stream's clock, the host's clock,
+//     the events it waits for) and takes latency + bytes / bandwidth (copies)
+//     or the given seconds (Compute). Host-blocking waits advance the host's
+//     clock. Without store_data no bytes exist (addresses are synthetic and
+//     never dereferenced) and streams run inline, so 80 GiB GPUs can be
+//     modelled on a laptop with the same engine code.
+// Fault injection makes copies, device allocations or host allocations fail
+// on demand, to prove that the engine loses nothing when they do.
+//
+// Thread safety: all methods are thread-safe. clock_mu_ guards the modelled
+// clocks; each stream's queue has its own lock; arena_mu_ guards the
+// sub-allocation maps. No two of these are held at once.
+#ifndef TFLMS_CORE_SRC_SIM_DEVICE_H_
+#define TFLMS_CORE_SRC_SIM_DEVICE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "tflms/device.h"
+
+namespace tflms {
+
+struct SimOptions {
+  size_t device_memory = 0;
+  bool store_data = true;
+  double link_bytes_per_second = 24e9;    // host link, each direction
+  double link_latency_seconds = 10e-6;    // per copy
+  double device_bytes_per_second = 1.5e12;  // device-to-device copies
+};
+
+struct SimTimeline {
+  double host_time = 0;
+  double compute_time = 0;   // compute stream clock
+  double d2h_time = 0;       // device-to-host stream clock
+  double h2d_time = 0;
+  double d2h_busy = 0;       // seconds of link time used
+  double h2d_busy = 0;
+  double compute_busy = 0;
+  double compute_stall = 0;  // compute stream waiting for page-ins
+  int64_t d2h_bytes = 0;
+  int64_t h2d_bytes = 0;
+  int64_t d2d_bytes = 0;
+};
+
+class SimDevice : public Device {
+ public:
+  explicit SimDevice(const SimOptions& options);
+  ~SimDevice() override;
+
+  const char* Name() const override { return "sim"; }
+  void* AllocateDeviceMemory(size_t bytes, size_t alignment) override;
+  void FreeDeviceMemory(void* ptr, size_t bytes) override;
+  void* AllocateHostMemory(size_t bytes) override;
+  void FreeHostMemory(void* ptr, size_t bytes) override;
+  Stream* GetStream(StreamKind kind) override;
+  Status CopyDeviceToHost(Stream* stream, void* host_dst,
+                          const void* device_src, size_t bytes) override;
+  Status CopyHostToDevice(Stream* stream, void* device_dst,
+                          const void* host_src, size_t bytes) override;
+  Status CopyDeviceToDevice(Stream* stream, void* device_dst,
+                            const void* device_src, size_t bytes) override;
+  EventRef RecordEvent(Stream* stream, Status* status) override;
+  Status WaitEvent(Stream* stream, const EventRef& event) override;
+  Status SynchronizeEvent(const EventRef& event) override;
+  bool EventDone(const EventRef& event) override;
+  Status ReadDeviceSync(void* host_dst, const void* device_src,
+                        size_t bytes) override;
+  Status WriteDeviceSync(void* device_dst, const void* host_src,
+                         size_t bytes) override;
+
+  // ---- fault injection ----
+  // The next `n` copies enqueued on streams of `kind` fail asynchronously.
+  void FailNextCopies(StreamKind kind, int n);
+  void RefuseDeviceAllocations(bool refuse) { refuse_device_ = refuse; }
+  void RefuseHostAllocations(bool refuse) { refuse_host_ = refuse; }
+
+  // ---- modelled time ----
+  void Compute(double seconds);
+  void HostAdvance(double seconds);
+  // Host waits for every stream (real and modelled).
+  void SynchronizeAll();
+  SimTimeline GetTimeline() const;
+
+  // Host bytes currently allocated through AllocateHostMemory (leak checks).
+  int64_t host_bytes_allocated() const { return host_bytes_allocated_; }
+  bool store_data() const { return options_.store_data; }
+
+  class SimStream;
+  class SimEvent;
+
+ private:
+  Status EnqueueCopy(Stream* stream, void* dst, const void* src, size_t bytes,
+                     double bytes_per_second, bool host_to_device);
+  bool InArena(const void* ptr, size_t bytes) const;
+
+  const SimOptions options_;
+  char* arena_ = nullptr;  // owned when store_data
+  char* base_ = nullptr;   // device addresses start here
+
+  mutable std::mutex arena_mu_;
+  std::map<size_t, size_t> free_ranges_;  // offset -> size; guarded
+
+  std::atomic<bool> refuse_device_{false};
+  std::atomic<bool> refuse_host_{false};
+  std::atomic<int> fail_copies_[3];
+  std::atomic<int64_t> host_bytes_allocated_{0};
+  std::atomic<uintptr_t> next_fake_host_{uintptr_t{1} << 44};
+
+  std::unique_ptr<SimStream> streams_[3];
+
+  mutable std::mutex clock_mu_;
+  SimTimeline clock_;  // guarded by clock_mu_
+};
+
+}  // namespace tflms
+
+#endif  // TFLMS_CORE_SRC_SIM_DEVICE_H_

@@ -1,0 +1,231 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// Statistics, invariant checks and out-of-memory messages.
+//
+// Counters are updated under mu_ in the same critical section as the state
+// they describe, so a snapshot (GetStats, under mu_) always satisfies the
+// invariants listed in stats.h; CheckInvariants recomputes them from the
+// chunks and buffers to prove it.
+#include <sstream>
+#include <string>
+
+#include "engine_impl.h"
+
+namespace tflms {
+
+std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
+  return {
+      {"num_allocs", num_allocs},
+      {"bytes_in_use", bytes_in_use},
+      {"peak_bytes_in_use", peak_bytes_in_use},
+      {"largest_alloc_size", largest_alloc_size},
+      {"bytes_limit", bytes_limit},
+      {"bytes_reserved", bytes_reserved},
+      {"peak_bytes_reserved", peak_bytes_reserved},
+      {"bytes_reservable_limit", bytes_reservable_limit},
+      {"bytes_inactive", bytes_inactive},
+      {"bytes_active", bytes_active},
+      {"peak_bytes_active", peak_bytes_active},
+      {"bytes_reclaimed", bytes_reclaimed},
+      {"current_bytes_reclaimed", current_bytes_reclaimed},
+      {"peak_bytes_reclaimed", peak_bytes_reclaimed},
+      {"num_single_reclaims", num_single_reclaims},
+      {"num_fragment_reclaims", num_fragment_reclaims},
+      {"num_full_reclaims", num_full_reclaims},
+      {"num_reclaim_failures", num_reclaim_failures},
+      {"num_page_ins", num_page_ins},
+      {"bytes_paged_in", bytes_paged_in},
+      {"host_bytes_in_use", host_bytes_in_use},
+      {"host_peak_bytes_in_use", host_peak_bytes_in_use},
+      {"host_bytes_limit", host_bytes_limit},
+      {"num_defragmentations", num_defragmentations},
+      {"bytes_defragged", bytes_defragged},
+      {"num_prefetches", num_prefetches},
+      {"prefetch_hits", prefetch_hits},
+      {"prefetch_misses", prefetch_misses},
+      {"page_in_stall_ns", page_in_stall_ns},
+      {"page_out_wait_ns", page_out_wait_ns},
+      {"num_allocs_from_free", num_allocs_from_free},
+      {"num_allocs_from_new_region", num_allocs_from_new_region},
+      {"num_allocs_from_single_reclaim", num_allocs_from_single_reclaim},
+      {"num_allocs_from_fragment_reclaim", num_allocs_from_fragment_reclaim},
+      {"num_allocs_from_full_reclaim", num_allocs_from_full_reclaim},
+      {"num_allocs_from_defrag", num_allocs_from_defrag},
+      {"num_ooms", num_ooms},
+  };
+}
+
+void Engine::Impl::AddChunkBytes(const Buffer* owner, int64_t delta) {
+  if (owner == nullptr || owner->active()) {
+    bytes_active_ += delta;
+    counters_.peak_bytes_active =
+        std::max(counters_.peak_bytes_active, bytes_active_);
+  } else {
+    bytes_inactive_ += delta;
+  }
+}
+
+void Engine::Impl::SetActivity(Buffer* b, bool was_active) {
+  const bool now_active = b->active();
+  if (now_active == was_active || !b->resident()) return;
+  const int64_t size = static_cast<int64_t>(arena_->chunk(b->chunk)->size);
+  if (now_active) {
+    LruRemove(b);
+    bytes_inactive_ -= size;
+    bytes_active_ += size;
+    counters_.peak_bytes_active =
+        std::max(counters_.peak_bytes_active, bytes_active_);
+  } else {
+    bytes_active_ -= size;
+    bytes_inactive_ += size;
+    LruPush(b);
+  }
+}
+
+void Engine::Impl::CountSource(AllocSource source) {
+  switch (source) {
+    case AllocSource::kFree: ++counters_.num_allocs_from_free; break;
+    case AllocSource::kNewRegion: ++counters_.num_allocs_from_new_region; break;
+    case AllocSource::kSingleReclaim:
+      ++counters_.num_allocs_from_single_reclaim;
+      break;
+    case AllocSource::kDefrag: ++counters_.num_allocs_from_defrag; break;
+    case AllocSource::kFragmentReclaim:
+      ++counters_.num_allocs_from_fragment_reclaim;
+      break;
+    case AllocSource::kFullReclaim:
+      ++counters_.num_allocs_from_full_reclaim;
+      break;
+  }
+}
+
+EngineStats Engine::Impl::GetStats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineStats s = counters_;
+  s.num_allocs = arena_->num_allocs();
+  s.bytes_in_use = static_cast<int64_t>(arena_->bytes_in_use());
+  s.peak_bytes_in_use = static_cast<int64_t>(arena_->peak_bytes_in_use());
+  s.largest_alloc_size = static_cast<int64_t>(arena_->largest_alloc_size());
+  s.bytes_limit = static_cast<int64_t>(arena_->memory_limit());
+  s.bytes_reserved = static_cast<int64_t>(arena_->bytes_reserved());
+  s.peak_bytes_reserved = static_cast<int64_t>(arena_->peak_bytes_reserved());
+  s.bytes_reservable_limit = static_cast<int64_t>(arena_->memory_limit());
+  s.bytes_active = bytes_active_;
+  s.bytes_inactive = bytes_inactive_;
+  s.host_bytes_in_use = static_cast<int64_t>(host_pool_->bytes_in_use());
+  s.host_peak_bytes_in_use =
+      static_cast<int64_t>(host_pool_->peak_bytes_in_use());
+  s.host_bytes_limit = static_cast<int64_t>(host_pool_->limit());
+  return s;
+}
+
+Status Engine::Impl::CheckInvariants() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool arena_ok = true;
+  arena_->CheckAndCountChunks(&arena_ok);
+  if (!arena_ok) return Internal("BFC arena chunk structure is inconsistent");
+
+  int64_t active = 0, inactive = 0;
+  // Recompute activity from the chunks' owners.
+  bool owners_ok = true;
+  arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
+    for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
+         h = arena_->chunk(h)->next) {
+      const BfcArena::Chunk* c = arena_->chunk(h);
+      if (!c->in_use()) continue;
+      const Buffer* b = static_cast<const Buffer*>(c->owner);
+      if (b == nullptr || b->active()) {
+        active += static_cast<int64_t>(c->size);
+      } else {
+        inactive += static_cast<int64_t>(c->size);
+      }
+      if (b != nullptr && buffers_.count(b->id) == 0) owners_ok = false;
+    }
+  });
+  if (!owners_ok) return Internal("a chunk is owned by an unknown buffer");
+  if (active != bytes_active_ || inactive != bytes_inactive_) {
+    std::ostringstream m;
+    m << "activity accounting drifted: counted active " << bytes_active_
+      << " inactive " << bytes_inactive_ << ", chunks say active " << active
+      << " inactive " << inactive;
+    return Internal(m.str());
+  }
+  if (active + inactive != static_cast<int64_t>(arena_->bytes_in_use())) {
+    return Internal("bytes_active + bytes_inactive != bytes_in_use");
+  }
+  int64_t reclaimed = 0;
+  size_t lru_count = 0;
+  for (const auto& entry : buffers_) {
+    const Buffer* b = entry.second;
+    if (b->state == BufferState::kReclaimed) {
+      if (b->resident() || b->host_ptr == nullptr) {
+        return Internal("reclaimed buffer without a host copy");
+      }
+      reclaimed += static_cast<int64_t>(b->host_bytes);
+    }
+    if (b->resident()) {
+      const BfcArena::Chunk* c = arena_->chunk(b->chunk);
+      if (c->owner != b || c->ptr != b->device_ptr || c->size < b->size) {
+        return Internal("resident buffer does not own its chunk");
+      }
+    }
+    if (b->in_lru) {
+      ++lru_count;
+      if (b->active()) return Internal("active buffer on the inactive LRU");
+    } else if (b->resident() && !b->active() &&
+               b->state == BufferState::kResident) {
+      return Internal("inactive resident buffer missing from the LRU");
+    }
+  }
+  size_t walked = 0;
+  for (const Buffer* b = lru_head_; b != nullptr; b = b->lru_next) ++walked;
+  if (walked != lru_count) return Internal("LRU list is corrupt");
+  if (reclaimed != counters_.current_bytes_reclaimed) {
+    return Internal("current_bytes_reclaimed drifted");
+  }
+  if (reclaimed > static_cast<int64_t>(host_pool_->bytes_in_use())) {
+    return Internal("reclaimed bytes exceed host bytes in use");
+  }
+  return Status::Ok();
+}
+
+std::string Engine::Impl::OutOfMemoryMessage(size_t bytes, size_t rounded,
+                                             const Status& host_status) const {
+  const size_t largest = arena_->LargestFreeChunk();
+  const size_t reserved = arena_->bytes_reserved();
+  const size_t limit = arena_->memory_limit();
+  // Free bytes include memory the arena could still take from the device.
+  const size_t free_total = arena_->TotalFreeBytes() + (limit - reserved);
+  std::ostringstream m;
+  m << "Out of memory on " << options_.name << " allocating " << bytes
+    << " bytes (" << rounded << " rounded). Device limit " << limit
+    << " bytes; in use " << arena_->bytes_in_use() << " (active "
+    << bytes_active_ << ", inactive " << bytes_inactive_ << "); "
+    << counters_.current_bytes_reclaimed
+    << " bytes reclaimed to host; largest free chunk " << largest
+    << "; free " << free_total << ".";
+  if (!host_status.ok()) m << " " << host_status.message();
+  if (free_total >= rounded && largest < rounded) {
+    m << " Enough memory is free but it is fragmented";
+    if (!options_.defrag_enabled) {
+      m << "; enabling LMS defragmentation may help "
+           "(tf.config.experimental.set_lms_defrag_enabled(True) or "
+           "gpu_options.experimental.lms_defrag_enabled)";
+    }
+    m << ".";
+  }
+  if (!options_.lms_enabled &&
+      static_cast<size_t>(bytes_inactive_) + free_total >= rounded) {
+    m << " Enabling Large Model Support "
+         "(tf.config.experimental.set_lms_enabled(True) or "
+         "gpu_options.experimental.lms_enabled) may avoid this: "
+      << bytes_inactive_ << " bytes are held by tensors no running op uses.";
+  }
+  if (options_.lms_enabled && host_status.ok()) {
+    m << " Every byte left on the device is used by running ops or "
+         "allocations LMS cannot move; reduce the batch or model size.";
+  }
+  return m.str();
+}
+
+}  // namespace tflms

@@ -1,0 +1,5 @@
+import sys
+
+from tflms.cli import main
+
+sys.exit(main())

@@ -1,0 +1,173 @@
+"""The LMS engine from Python: a typed front over the C++ extension ``tflms._core``.
+
+The engine is the same C++ code that the TensorFlow patch compiles into TensorFlow;
+here it runs over the ``sim`` backend, whose device memory is a host arena (or, with
+``store_data=False``, only addresses and a modelled clock, for planning large GPUs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tflms import _core
+
+OutOfMemoryError = _core.OutOfMemoryError
+Buffer = _core.Buffer
+
+BACKENDS = ("sim", "cuda")
+
+
+class Engine:
+    """A BFC allocator with Large Model Support over one (simulated) device.
+
+    Buffers start unpinned (inactive): the engine may page them out to host memory as
+    soon as ``allocate`` returns. ``pin`` makes a buffer resident and returns its
+    current device address; the address may change after ``unpin``.
+    """
+
+    def __init__(
+        self,
+        device_memory: int,
+        host_memory: int = 1 << 30,
+        lms: bool = True,
+        defrag: bool = False,
+        backend: str = "sim",
+        *,
+        prefetch: bool = False,
+        prefetch_budget: int = 0,
+        prefetch_lookahead: int = 32,
+        allow_growth: bool = True,
+        lms_limit: int = 0,
+        store_data: bool = True,
+        link_gbps: float = 24.0,
+        link_latency_us: float = 10.0,
+        device_gbps: float = 1500.0,
+        verify_moves: bool = False,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        if backend == "cuda":
+            raise RuntimeError(
+                "the cuda backend is compiled into the TensorFlow patch and the C++ tests "
+                "(make cuda-test on a GPU machine); the Python package drives the sim backend"
+            )
+        for name, value in (("device_memory", device_memory), ("host_memory", host_memory)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer byte count, got {value!r}")
+        if device_memory <= 0:
+            raise ValueError(f"device_memory must be positive, got {device_memory}")
+        if lms and host_memory <= 0:
+            raise ValueError(
+                "with lms=True, host_memory must be a positive byte count: it is where "
+                "reclaimed tensors live"
+            )
+        if prefetch_lookahead < 0:
+            raise ValueError("prefetch_lookahead must be >= 0")
+        self._engine = _core.Engine(
+            device_memory=device_memory,
+            host_memory=host_memory,
+            lms=lms,
+            defrag=defrag,
+            prefetch=prefetch,
+            prefetch_budget=prefetch_budget,
+            prefetch_lookahead=prefetch_lookahead,
+            allow_growth=allow_growth,
+            lms_limit=lms_limit,
+            store_data=store_data,
+            link_gbps=link_gbps,
+            link_latency_us=link_latency_us,
+            device_gbps=device_gbps,
+            verify_moves=verify_moves,
+        )
+        self.device_memory = device_memory
+        self.host_memory = host_memory
+        self.lms = lms
+        self.defrag = defrag
+        self.backend = backend
+        self.store_data = store_data
+
+    def allocate(self, nbytes: int, pinned: bool = False) -> Buffer:
+        """A new buffer of ``nbytes``; raises OutOfMemoryError when it cannot fit."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+            raise ValueError(f"nbytes must be an integer, got {nbytes!r}")
+        return self._engine.allocate(nbytes, pinned)
+
+    def free(self, buf: Buffer) -> None:
+        self._engine.free(buf)
+
+    def pin(self, buf: Buffer) -> int:
+        return int(self._engine.pin(buf))
+
+    def unpin(self, buf: Buffer) -> None:
+        self._engine.unpin(buf)
+
+    @contextmanager
+    def pinned(self, buf: Buffer) -> Iterator[int]:
+        address = self.pin(buf)
+        try:
+            yield address
+        finally:
+            self.unpin(buf)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._engine.stats())
+
+    def defragment(self) -> int:
+        """Compacts device memory; returns the number of bytes moved."""
+        return int(self._engine.defragment())
+
+    def reclaim_inactive(self) -> int:
+        """Moves every inactive buffer to host memory now; returns the device bytes freed."""
+        return int(self._engine.reclaim_inactive())
+
+    def step_begin(self) -> None:
+        """Marks a training-step boundary; prefetch learns the pin order per step."""
+        self._engine.step_begin()
+
+    def set_lms_limit(self, nbytes: int) -> None:
+        self._engine.set_lms_limit(nbytes)
+
+    def check_invariants(self) -> None:
+        """Raises RuntimeError if any statistics or structural invariant is broken."""
+        self._engine.check_invariants()
+
+    def free_space(self) -> tuple[int, int]:
+        """(largest free chunk, total free bytes) of the regions obtained so far."""
+        largest, total = self._engine.free_space()
+        return int(largest), int(total)
+
+    # Modelled time (sim backend).
+    def compute(self, seconds: float) -> None:
+        self._engine.compute(seconds)
+
+    def host_advance(self, seconds: float) -> None:
+        self._engine.host_advance(seconds)
+
+    def synchronize(self) -> None:
+        self._engine.synchronize()
+
+    def timeline(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self._engine.timeline().items()}
+
+    # Fault injection (tests).
+    def fail_next_copies(self, kind: str, n: int = 1) -> None:
+        self._engine.fail_next_copies(kind, n)
+
+    def refuse_device_allocations(self, refuse: bool = True) -> None:
+        self._engine.refuse_device_allocations(refuse)
+
+    def refuse_host_allocations(self, refuse: bool = True) -> None:
+        self._engine.refuse_host_allocations(refuse)
+
+    @property
+    def host_bytes_allocated(self) -> int:
+        return int(self._engine.host_bytes_allocated)
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (
+            f"Engine(device_memory={self.device_memory}, lms={self.lms}, defrag={self.defrag}, "
+            f"bytes_in_use={s['bytes_in_use']}, reclaimed={s['current_bytes_reclaimed']})"
+        )
+
