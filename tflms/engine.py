@@ -170,4 +170,3 @@ class Engine:
             f"Engine(device_memory={self.device_memory}, lms={self.lms}, defrag={self.defrag}, "
             f"bytes_in_use={s['bytes_in_use']}, reclaimed={s['current_bytes_reclaimed']})"
         )
-

@@ -125,10 +125,13 @@ bool BfcArena::Extend(size_t rounded) {
   void* mem = sub_->Alloc(bytes, kAlignment);
   // The device refused: back off by 10% at a time, as TensorFlow does, while
   // the request still fits.
+  // (Rounding up can stop the shrinking near 1 KiB, where TensorFlow's loop
+  // would spin forever; stop there instead.)
   while (mem == nullptr) {
-    bytes = RoundedBytes(static_cast<size_t>(static_cast<double>(bytes) *
-                                             kBackpedalFactor));
-    if (bytes < rounded) break;
+    const size_t smaller = RoundedBytes(
+        static_cast<size_t>(static_cast<double>(bytes) * kBackpedalFactor));
+    if (smaller < rounded || smaller >= bytes) break;
+    bytes = smaller;
     mem = sub_->Alloc(bytes, kAlignment);
   }
   if (mem == nullptr) return false;

@@ -69,6 +69,7 @@ Status Engine::Impl::MoveBuffers(
   for (const auto& m : moves) {
     Buffer* b = m.first;
     b->state = BufferState::kMoving;  // stays on the LRU, at its age
+    ++transitions_in_flight_;
     AddChunkBytes(b, static_cast<int64_t>(arena_->chunk(m.second)->size));
     plan.push_back(
         {b, m.second, b->device_ptr, arena_->chunk(m.second)->ptr, b->size});
@@ -101,6 +102,7 @@ Status Engine::Impl::MoveBuffers(
   }
 
   lock.lock();
+  transitions_in_flight_ -= static_cast<int>(plan.size());
   for (const Move& m : plan) {
     Buffer* b = m.buffer;
     BfcArena::ChunkHandle drop = status.ok() ? b->chunk : m.dst;

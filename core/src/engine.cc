@@ -41,9 +41,10 @@ class DeviceSubAllocator : public SubAllocator {
   Device* device_;
 };
 
-// A pass of the ladder gives up after this many rounds without a chunk even
-// though each round made progress (other threads kept taking the space).
-constexpr int kMaxLadderRounds = 8;
+// The ladder gives up after this many rounds without a chunk even though
+// each round made progress or waited for another thread's copies (other
+// threads kept taking the space).
+constexpr int kMaxLadderRounds = 64;
 
 }  // namespace
 
@@ -196,7 +197,12 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
                                 : AllocSource::kFree);
       }
     }
-    if (!progress) break;
+    if (!progress) {
+      // Other threads' page-outs or moves hold the bytes we need; they free
+      // them when their copies land.
+      if (transitions_in_flight_ == 0) break;
+      cv_.wait(lock);
+    }
   }
   ++counters_.num_ooms;
   *status = ResourceExhausted(OutOfMemoryMessage(bytes, rounded, host_status));
@@ -339,8 +345,14 @@ size_t Engine::RequestedSize(const void* ptr) const {
 size_t Engine::AllocatedSize(const void* ptr) const {
   return impl_->AllocatedSize(ptr);
 }
-Buffer* Engine::AllocateBuffer(size_t bytes, bool pinned, Status* status) {
-  return impl_->AllocateBuffer(bytes, pinned, status);
+Buffer* Engine::AllocateBuffer(size_t bytes, bool pinned, Status* status,
+                               void** device_ptr) {
+  Buffer* b = impl_->AllocateBuffer(bytes, pinned, status);
+  if (b != nullptr && device_ptr != nullptr) {
+    std::lock_guard<std::mutex> lock(impl_->mu_);
+    *device_ptr = b->device_ptr;
+  }
+  return b;
 }
 Status Engine::FreeBuffer(Buffer* buffer) { return impl_->FreeBuffer(buffer); }
 Status Engine::Pin(Buffer* buffer, void** device_ptr) {

@@ -188,6 +188,10 @@ class Engine::Impl {
   };
   std::vector<PendingHostFree> pending_host_frees_;
 
+  // Buffers in a transient state (kPagingOut, kPagingIn, kMoving); an
+  // allocation that found nothing to reclaim waits for them to settle.
+  int transitions_in_flight_ = 0;
+
   // Counters (guarded by mu_). BFC counters live in arena_.
   EngineStats counters_;
   int64_t bytes_active_ = 0;

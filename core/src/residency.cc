@@ -109,6 +109,7 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
   for (Buffer* v : victims) {
     LruRemove(v);
     v->state = BufferState::kPagingOut;
+    ++transitions_in_flight_;
     if (v->prefetched) {  // a prefetch that came too early
       prefetch_.inflight_bytes -= v->size;
       v->prefetched = false;
@@ -154,6 +155,7 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
 
   lock.lock();
   counters_.page_out_wait_ns += blocked;
+  transitions_in_flight_ -= static_cast<int>(copies.size());
   for (Copy& c : copies) {
     Buffer* v = c.buffer;
     const bool copied = c.host != nullptr && sync.ok();
@@ -192,6 +194,7 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
 Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
                             bool for_prefetch) {
   b->state = BufferState::kPagingIn;
+  ++transitions_in_flight_;
   Status status;
   BfcArena::ChunkHandle h = AllocateChunk(
       lock, b->size, b,
@@ -199,6 +202,7 @@ Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
       &status);
   if (h == BfcArena::kInvalidChunk) {
     b->state = BufferState::kReclaimed;
+    --transitions_in_flight_;
     cv_.notify_all();
     return status;
   }
@@ -218,6 +222,7 @@ Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
   if (status.ok()) ready = device_->RecordEvent(h2d, &status);
 
   lock.lock();
+  --transitions_in_flight_;
   if (!status.ok()) {
     AddChunkBytes(b, -static_cast<int64_t>(arena_->chunk(h)->size));
     arena_->FreeChunk(h);

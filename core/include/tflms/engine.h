@@ -94,8 +94,11 @@ class Engine {
 
   // ---- Buffers ----
   // Returns a new buffer, pinned if `pinned`. nullptr with *status set when
-  // no memory could be made available.
-  Buffer* AllocateBuffer(size_t bytes, bool pinned, Status* status);
+  // no memory could be made available. With `device_ptr`, also returns the
+  // buffer's address (valid while it stays pinned), saving the Pin/Unpin
+  // pair an adapter would otherwise need to learn it.
+  Buffer* AllocateBuffer(size_t bytes, bool pinned, Status* status,
+                         void** device_ptr = nullptr);
   // Frees a buffer in any state; waits for copies in flight.
   Status FreeBuffer(Buffer* buffer);
   // Makes the buffer active and resident; *device_ptr is its address until

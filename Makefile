@@ -1,0 +1,85 @@
+# tflms: Large Model Support for TensorFlow 2.x.  `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TF_VERSION ?= 2.21.0
+CXX ?= g++
+NVCC ?= nvcc
+BUILD := build
+CORE_SRCS := $(filter-out core/src/cuda_%,$(wildcard core/src/*.cc))
+CORE_HDRS := $(wildcard core/include/tflms/*.h core/src/*.h)
+CXXFLAGS_CORE := -std=c++17 -Wall -Wextra -Werror -Icore/include -Icore/src -pthread
+
+.PHONY: help install test test-fast lint cpp-test sanitize cuda-build patches verify bench demo \
+        results soak wheel clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
+
+$(VENV)/.installed: pyproject.toml setup.py $(CORE_SRCS) $(CORE_HDRS) tflms/_native/binding.cc
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q setuptools wheel "pybind11>=2.12"
+	$(PY) -m pip install -q --no-build-isolation -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed ## Create .venv, build the engine extension, install tflms + TensorFlow (CPU)
+
+test: install cpp-test lint ## Run every test: C++ engine tests, ruff, pytest (not the slow soak)
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-fast: install ## Python tests without TensorFlow
+	$(PY) -m pytest -q -m "not slow and not tf" tests
+
+lint: install ## ruff on the Python sources
+	$(VENV)/bin/ruff check tflms tests examples bench scripts
+	$(VENV)/bin/ruff format --check tflms tests examples bench scripts
+
+$(BUILD)/engine_test: core/tests/engine_test.cc $(CORE_SRCS) $(CORE_HDRS)
+	@mkdir -p $(BUILD)
+	$(CXX) $(CXXFLAGS_CORE) -O1 -g -o $@ core/tests/engine_test.cc $(CORE_SRCS)
+
+cpp-test: $(BUILD)/engine_test ## C++ engine tests (sim backend)
+	$(BUILD)/engine_test
+
+$(BUILD)/engine_test_asan: core/tests/engine_test.cc $(CORE_SRCS) $(CORE_HDRS)
+	@mkdir -p $(BUILD)
+	$(CXX) $(CXXFLAGS_CORE) -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -o $@ core/tests/engine_test.cc $(CORE_SRCS)
+
+$(BUILD)/engine_test_tsan: core/tests/engine_test.cc $(CORE_SRCS) $(CORE_HDRS)
+	@mkdir -p $(BUILD)
+	$(CXX) $(CXXFLAGS_CORE) -O1 -g -fsanitize=thread -o $@ core/tests/engine_test.cc $(CORE_SRCS)
+
+sanitize: $(BUILD)/engine_test_asan $(BUILD)/engine_test_tsan ## C++ tests under AddressSanitizer+UBSan and ThreadSanitizer
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 $(BUILD)/engine_test_asan
+	TSAN_OPTIONS=halt_on_error=1 setarch -R $(BUILD)/engine_test_tsan
+
+cuda-build: ## Compile and link the CUDA backend with nvcc (runs only on a GPU machine)
+	@mkdir -p $(BUILD)
+	$(NVCC) -std=c++17 -O2 -Icore/include -Icore/src -o $(BUILD)/cuda_engine_test core/tests/cuda_engine_test.cu core/src/cuda_device.cu $(CORE_SRCS)
+
+patches: install ## Regenerate patches/ from core/ and tf/
+	$(PY) -m tflms patch generate --tf-version $(TF_VERSION)
+
+verify: install ## Verify the patch against the official tensorflow-cpu wheel
+	$(PY) -m tflms verify --tf-version $(TF_VERSION)
+
+bench: install ## Engine vs TensorFlow's own BFCAllocator, side by side
+	$(PY) bench/run_bench.py
+
+demo: install ## The main job: ResNet50 on a modelled 16 GiB GPU, with and without LMS
+	$(VENV)/bin/tflms demo
+
+results: install ## Regenerate docs/results.md (several models, 16 and 80 GiB GPUs)
+	$(VENV)/bin/tflms results --output docs/results.md
+
+soak: install ## A million random engine operations against a reference model
+	$(PY) -m tests.soak --ops 1000000
+
+WHEEL_ARGS ?=
+wheel: install ## Build a TensorFlow wheel with LMS (TF_VERSION=2.21.0; WHEEL_ARGS="--cpu --docker --jobs 16")
+	$(VENV)/bin/tflms build-wheel --tf-version $(TF_VERSION) $(WHEEL_ARGS)
+
+clean: ## Remove build products (keeps .venv)
+	rm -rf $(BUILD) *.egg-info tflms/*.so .pytest_cache .ruff_cache

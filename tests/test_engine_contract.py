@@ -1,0 +1,186 @@
+"""The engine's Python contract: the calls acceptance tests outside the repository make."""
+
+from __future__ import annotations
+
+import pytest
+
+import tflms
+
+MiB = 1 << 20
+
+
+def test_allocate_write_read_free_round_trip() -> None:
+    eng = tflms.Engine(device_memory=4 * MiB, host_memory=16 * MiB, lms=True, defrag=False)
+    buf = eng.allocate(1000)
+    assert buf.nbytes == 1000
+    buf.write(b"x" * 10, offset=990)
+    buf.write(b"a" * 990)
+    assert buf.read() == b"a" * 990 + b"x" * 10
+    assert buf.resident
+    eng.free(buf)
+    assert eng.stats()["bytes_in_use"] == 0
+
+
+def test_stats_keys_follow_tflms_names() -> None:
+    eng = tflms.Engine(device_memory=MiB, host_memory=MiB)
+    stats = eng.stats()
+    for key in (
+        "num_allocs",
+        "bytes_in_use",
+        "peak_bytes_in_use",
+        "largest_alloc_size",
+        "bytes_limit",
+        "bytes_reserved",
+        "peak_bytes_reserved",
+        "bytes_reservable_limit",
+        "bytes_inactive",
+        "bytes_active",
+        "peak_bytes_active",
+        "bytes_reclaimed",
+        "current_bytes_reclaimed",
+        "peak_bytes_reclaimed",
+        "num_single_reclaims",
+        "num_full_reclaims",
+        "num_defragmentations",
+        "bytes_defragged",
+        "prefetch_hits",
+        "prefetch_misses",
+        "page_in_stall_ns",
+    ):
+        assert isinstance(stats[key], int), key
+    assert stats["bytes_limit"] == MiB
+
+
+def test_pinned_context_and_allocation_pinned() -> None:
+    eng = tflms.Engine(device_memory=MiB, host_memory=8 * MiB)
+    a = eng.allocate(600 * 1024, pinned=True)
+    assert a.pin_count == 1
+    # A pinned buffer cannot be reclaimed: the next request does not fit.
+    with pytest.raises(tflms.OutOfMemoryError):
+        eng.allocate(600 * 1024)
+    eng.unpin(a)
+    b = eng.allocate(600 * 1024)  # now `a` may go to the host
+    assert not a.resident
+    with eng.pinned(a) as address:
+        assert address > 0
+        assert a.resident and not b.resident
+    assert a.pin_count == 0
+    eng.free(a)
+    eng.free(b)
+
+
+def test_out_of_memory_error_is_a_memory_error_and_lms_off_raises_at_once() -> None:
+    assert issubclass(tflms.OutOfMemoryError, MemoryError)
+    eng = tflms.Engine(device_memory=MiB, host_memory=8 * MiB, lms=False)
+    bufs = [eng.allocate(256 * 1024) for _ in range(4)]
+    with pytest.raises(tflms.OutOfMemoryError, match="set_lms_enabled"):
+        eng.allocate(256 * 1024)
+    assert eng.stats()["bytes_reclaimed"] == 0
+    for b in bufs:
+        eng.free(b)
+
+
+@pytest.mark.parametrize("size", [0, -1, -(1 << 40)])
+def test_bad_sizes_raise_value_error(size: int) -> None:
+    eng = tflms.Engine(device_memory=MiB, host_memory=MiB)
+    with pytest.raises(ValueError, match="positive"):
+        eng.allocate(size)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"device_memory": 0}, "device_memory"),
+        ({"device_memory": -5}, "device_memory"),
+        ({"device_memory": MiB, "host_memory": 0}, "host_memory"),
+        ({"device_memory": MiB, "backend": "opencl"}, "unknown backend"),
+        ({"device_memory": MiB, "lms_limit": 2 * MiB}, "LMS limit"),
+        ({"device_memory": "1G"}, "integer"),
+    ],
+)
+def test_bad_engine_arguments(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tflms.Engine(**kwargs)  # type: ignore[arg-type]
+
+
+def test_use_after_free_double_free_and_unpin_without_pin() -> None:
+    eng = tflms.Engine(device_memory=MiB, host_memory=MiB)
+    keep = eng.allocate(4096)
+    keep.write(b"k" * 4096)
+    buf = eng.allocate(4096)
+    with pytest.raises(RuntimeError, match="without a matching pin"):
+        eng.unpin(buf)
+    eng.free(buf)
+    with pytest.raises(RuntimeError, match="double free"):
+        eng.free(buf)
+    for op in (buf.read, lambda: eng.pin(buf), lambda: buf.write(b"z")):
+        with pytest.raises(RuntimeError, match="freed"):
+            op()
+    assert keep.read() == b"k" * 4096  # nothing else was touched
+    eng.check_invariants()
+
+
+def test_free_of_pinned_buffer_is_refused_and_buffer_stays_usable() -> None:
+    eng = tflms.Engine(device_memory=MiB, host_memory=MiB)
+    buf = eng.allocate(4096, pinned=True)
+    with pytest.raises(RuntimeError, match="pinned"):
+        eng.free(buf)
+    buf.write(b"q" * 4096)
+    eng.unpin(buf)
+    eng.free(buf)
+
+
+def test_buffer_of_another_engine_is_rejected() -> None:
+    a = tflms.Engine(device_memory=MiB, host_memory=MiB)
+    b = tflms.Engine(device_memory=MiB, host_memory=MiB)
+    buf = a.allocate(256)
+    with pytest.raises(ValueError, match="another engine"):
+        b.free(buf)
+    a.free(buf)
+
+
+def test_write_outside_buffer_is_rejected() -> None:
+    eng = tflms.Engine(device_memory=MiB, host_memory=MiB)
+    buf = eng.allocate(100)
+    with pytest.raises(ValueError, match="outside the buffer"):
+        buf.write(b"x" * 10, offset=95)
+    with pytest.raises(ValueError, match="offset"):
+        buf.write(b"x", offset=-1)
+    eng.free(buf)
+
+
+def test_buffer_outlives_its_engine_object() -> None:
+    eng = tflms.Engine(device_memory=MiB, host_memory=MiB)
+    buf = eng.allocate(512)
+    buf.write(b"p" * 512)
+    del eng
+    assert buf.read() == b"p" * 512
+
+
+def test_reclaim_inactive_moves_everything_unpinned() -> None:
+    eng = tflms.Engine(device_memory=4 * MiB, host_memory=16 * MiB)
+    bufs = [eng.allocate(100_000) for _ in range(5)]
+    for i, b in enumerate(bufs):
+        b.write(bytes([i]) * 100_000)
+    pinned = eng.allocate(1000, pinned=True)
+    moved = eng.reclaim_inactive()
+    assert moved >= 5 * 100_000
+    assert not any(b.resident for b in bufs) and pinned.resident
+    stats = eng.stats()
+    assert stats["current_bytes_reclaimed"] == 5 * 100_000
+    assert [b.read() for b in bufs] == [bytes([i]) * 100_000 for i in range(5)]
+    eng.unpin(pinned)
+
+
+def test_lms_limit_reclaims_before_the_device_is_full() -> None:
+    eng = tflms.Engine(device_memory=4 * MiB, host_memory=16 * MiB, lms_limit=MiB)
+    bufs = [eng.allocate(256 * 1024) for _ in range(8)]
+    assert eng.stats()["bytes_in_use"] <= MiB
+    assert eng.stats()["num_single_reclaims"] > 0
+    eng.set_lms_limit(0)  # whole device again
+    more = [eng.allocate(256 * 1024) for _ in range(4)]
+    assert eng.stats()["bytes_in_use"] > MiB
+    with pytest.raises(ValueError, match="exceeds the device"):
+        eng.set_lms_limit(8 * MiB)
+    for b in bufs + more:
+        eng.free(b)

@@ -1,0 +1,185 @@
+/* Copyright 2026 The TensorFlow Authors. All Rights Reserved.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+==============================================================================*/
+
+#include "tensorflow/core/common_runtime/gpu/lms/lms_allocator.h"
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/log/log.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tensorflow/core/common_runtime/gpu/lms/lms_status.h"
+#include "tensorflow/core/framework/movable_tensor_buffer.h"
+#include "tflms/engine.h"
+#include "tflms/stats.h"
+#include "tflms/status.h"
+#include "xla/tsl/framework/allocator.h"
+
+namespace tensorflow {
+namespace lms {
+
+namespace {
+
+// The engine hands out 256-byte aligned chunks, as tsl::BFCAllocator does.
+constexpr size_t kEngineAlignment = 256;
+
+tflms::Buffer* AsBuffer(void* handle) {
+  return static_cast<tflms::Buffer*>(handle);
+}
+const tflms::Buffer* AsBuffer(const void* handle) {
+  return static_cast<const tflms::Buffer*>(handle);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LmsAllocator>> LmsAllocator::Create(
+    std::unique_ptr<StreamExecutorLmsDevice> device,
+    const tflms::EngineOptions& options) {
+  if (device == nullptr) {
+    return absl::InvalidArgumentError("LmsAllocator needs a device");
+  }
+  auto engine = std::make_unique<tflms::Engine>(device.get(), options);
+  absl::Status s = ToAbslStatus(engine->Init());
+  if (!s.ok()) return s;
+  // From here on Tensor's constructors look for movable allocators.
+  MovableTensorBufferUtil::Enable();
+  return std::unique_ptr<LmsAllocator>(
+      new LmsAllocator(std::move(device), std::move(engine), options.name));
+}
+
+LmsAllocator::LmsAllocator(std::unique_ptr<StreamExecutorLmsDevice> device,
+                           std::unique_ptr<tflms::Engine> engine,
+                           std::string name)
+    : device_(std::move(device)),
+      engine_(std::move(engine)),
+      name_(std::move(name)) {}
+
+LmsAllocator::~LmsAllocator() = default;
+
+bool LmsAllocator::AlignmentSupported(size_t alignment) const {
+  if (alignment <= kEngineAlignment) return true;
+  LOG(ERROR) << "Allocator (" << name_ << ") cannot align to " << alignment
+             << " bytes; Large Model Support aligns to " << kEngineAlignment;
+  return false;
+}
+
+void* LmsAllocator::AllocateRaw(size_t alignment, size_t num_bytes) {
+  return AllocateRaw(alignment, num_bytes, tsl::AllocationAttributes());
+}
+
+void* LmsAllocator::AllocateRaw(size_t alignment, size_t num_bytes,
+                                const tsl::AllocationAttributes& attr) {
+  if (!AlignmentSupported(alignment)) return nullptr;
+  tflms::Status status;
+  void* ptr = engine_->AllocateRaw(num_bytes, &status);
+  if (ptr == nullptr && attr.retry_on_failure) {
+    // Callers that can do without the memory (retry_on_failure == false)
+    // handle the failure themselves; log only for the others, as BFC does.
+    LOG(WARNING) << "Allocator (" << name_ << ") ran out of memory trying to "
+                 << "allocate " << num_bytes << " bytes: " << status.message();
+  }
+  return ptr;
+}
+
+void LmsAllocator::DeallocateRaw(void* ptr) {
+  if (ptr != nullptr) engine_->DeallocateRaw(ptr);
+}
+
+size_t LmsAllocator::RequestedSize(const void* ptr) const {
+  return engine_->RequestedSize(ptr);
+}
+
+size_t LmsAllocator::AllocatedSize(const void* ptr) const {
+  return engine_->AllocatedSize(ptr);
+}
+
+std::optional<tsl::AllocatorStats> LmsAllocator::GetStats() {
+  const tflms::EngineStats e = engine_->GetStats();
+  tsl::AllocatorStats s;
+  s.num_allocs = e.num_allocs;
+  s.bytes_in_use = e.bytes_in_use;
+  s.peak_bytes_in_use = e.peak_bytes_in_use;
+  s.largest_alloc_size = e.largest_alloc_size;
+  s.bytes_limit = e.bytes_limit;
+  s.bytes_reserved = e.bytes_reserved;
+  s.peak_bytes_reserved = e.peak_bytes_reserved;
+  s.bytes_reservable_limit = e.bytes_reservable_limit;
+  size_t largest_free = 0;
+  size_t total_free = 0;
+  engine_->GetFreeSpace(&largest_free, &total_free);
+  s.largest_free_block_bytes = static_cast<int64_t>(largest_free);
+  s.pool_bytes = e.bytes_reserved;
+  s.peak_pool_bytes = e.peak_bytes_reserved;
+  return s;
+}
+
+tflms::EngineStats LmsAllocator::GetLmsStats() const {
+  return engine_->GetStats();
+}
+
+void* LmsAllocator::AllocateMovable(size_t alignment, size_t num_bytes,
+                                    const tsl::AllocationAttributes& attr,
+                                    void** data) {
+  *data = nullptr;
+  if (!AlignmentSupported(alignment)) return nullptr;
+  tflms::Status status;
+  // Allocated pinned: its creator holds it until the first consumer unpins.
+  tflms::Buffer* buffer =
+      engine_->AllocateBuffer(num_bytes, /*pinned=*/true, &status, data);
+  if (buffer == nullptr) {
+    if (attr.retry_on_failure) {
+      LOG(WARNING) << "Allocator (" << name_ << ") ran out of memory trying "
+                   << "to allocate " << num_bytes
+                   << " bytes: " << status.message();
+    }
+    return nullptr;
+  }
+  return buffer;
+}
+
+void LmsAllocator::DeallocateMovable(void* handle) {
+  tflms::Status s = engine_->FreeBuffer(AsBuffer(handle));
+  if (!s.ok()) {
+    LOG(ERROR) << "Allocator (" << name_
+               << ") freeing a buffer: " << s.ToString();
+  }
+}
+
+absl::Status LmsAllocator::PinMovable(void* handle, void** data) {
+  return ToAbslStatus(engine_->Pin(AsBuffer(handle), data));
+}
+
+void LmsAllocator::UnpinMovable(void* handle) {
+  tflms::Status s = engine_->Unpin(AsBuffer(handle));
+  if (!s.ok()) {
+    LOG(ERROR) << "Allocator (" << name_
+               << ") unpinning a buffer: " << s.ToString();
+  }
+}
+
+absl::Status LmsAllocator::MakeUnmovable(void* handle, void** data) {
+  return ToAbslStatus(engine_->MarkUnmovable(AsBuffer(handle), data));
+}
+
+size_t LmsAllocator::MovableSize(const void* handle) const {
+  return engine_->BufferSize(AsBuffer(handle));
+}
+
+}  // namespace lms
+}  // namespace tensorflow

@@ -1,0 +1,108 @@
+/* Copyright 2026 The TensorFlow Authors. All Rights Reserved.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+==============================================================================*/
+
+// The Large Model Support GPU allocator: the LMS engine (lms/core) as a
+// tsl::Allocator, in the place of GPUBFCAllocator when
+// GPUOptions.experimental.lms_enabled is set.
+//
+// AllocateRaw serves workspaces and anything else without a tensor buffer:
+// those never move. Tensor buffers come through the tsl::MovableAllocator
+// interface (framework/movable_tensor_buffer.h) and may be paged out to host
+// memory, paged back in and moved while unpinned; see docs in engine.h.
+#ifndef TENSORFLOW_CORE_COMMON_RUNTIME_GPU_LMS_LMS_ALLOCATOR_H_
+#define TENSORFLOW_CORE_COMMON_RUNTIME_GPU_LMS_LMS_ALLOCATOR_H_
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tensorflow/core/common_runtime/gpu/lms/stream_executor_lms_device.h"
+#include "tflms/engine.h"
+#include "tflms/stats.h"
+#include "xla/stream_executor/stream.h"
+#include "xla/tsl/framework/allocator.h"
+
+namespace tensorflow {
+namespace lms {
+
+class LmsAllocator : public tsl::Allocator, public tsl::MovableAllocator {
+ public:
+  // `options.name` names the allocator in logs and statistics.
+  static absl::StatusOr<std::unique_ptr<LmsAllocator>> Create(
+      std::unique_ptr<StreamExecutorLmsDevice> device,
+      const tflms::EngineOptions& options);
+  ~LmsAllocator() override;
+
+  LmsAllocator(const LmsAllocator&) = delete;
+  void operator=(const LmsAllocator&) = delete;
+
+  // tsl::Allocator
+  std::string Name() override { return name_; }
+  void* AllocateRaw(size_t alignment, size_t num_bytes) override;
+  void* AllocateRaw(size_t alignment, size_t num_bytes,
+                    const tsl::AllocationAttributes& attr) override;
+  void DeallocateRaw(void* ptr) override;
+  bool TracksAllocationSizes() const override { return true; }
+  size_t RequestedSize(const void* ptr) const override;
+  size_t AllocatedSize(const void* ptr) const override;
+  std::optional<tsl::AllocatorStats> GetStats() override;
+  tsl::AllocatorMemoryType GetMemoryType() const override {
+    return tsl::AllocatorMemoryType::kDevice;
+  }
+  tsl::MovableAllocator* AsMovableAllocator() override { return this; }
+  // TensorFlow passes the platform stream handle here; LMS needs the
+  // se::Stream and gets it from AttachComputeStream instead.
+  void SetStreamAndPreallocateMemory(void* stream) override {}
+
+  // tsl::MovableAllocator
+  void* AllocateMovable(size_t alignment, size_t num_bytes,
+                        const tsl::AllocationAttributes& attr,
+                        void** data) override;
+  void DeallocateMovable(void* handle) override;
+  absl::Status PinMovable(void* handle, void** data) override;
+  void UnpinMovable(void* handle) override;
+  absl::Status MakeUnmovable(void* handle, void** data) override;
+  size_t MovableSize(const void* handle) const override;
+
+  // The compute stream of the GPU device this allocator serves.
+  void AttachComputeStream(stream_executor::Stream* compute) {
+    device_->AttachComputeStream(compute);
+  }
+
+  // Every engine counter (statistics for tf.experimental.get_lms_*).
+  tflms::EngineStats GetLmsStats() const;
+  // The gpu_host_bfc allocator paged-out bytes live in, once used.
+  tsl::Allocator* host_allocator_if_created() const {
+    return device_->host_allocator_if_created();
+  }
+
+ private:
+  LmsAllocator(std::unique_ptr<StreamExecutorLmsDevice> device,
+               std::unique_ptr<tflms::Engine> engine, std::string name);
+  bool AlignmentSupported(size_t alignment) const;
+
+  // Declared before engine_: the engine uses the device until destroyed.
+  const std::unique_ptr<StreamExecutorLmsDevice> device_;
+  const std::unique_ptr<tflms::Engine> engine_;
+  const std::string name_;
+};
+
+}  // namespace lms
+}  // namespace tensorflow
+
+#endif  // TENSORFLOW_CORE_COMMON_RUNTIME_GPU_LMS_LMS_ALLOCATOR_H_

@@ -1,0 +1,196 @@
+/* Copyright 2026 The TensorFlow Authors. All Rights Reserved.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+==============================================================================*/
+
+#include "tensorflow/core/framework/movable_tensor_buffer.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
+#include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/platform/logging.h"
+
+namespace tensorflow {
+
+std::atomic<bool> MovableTensorBufferUtil::enabled_{false};
+
+MovableTensorBuffer* MovableTensorBuffer::Allocate(
+    Allocator* allocator, tsl::MovableAllocator* movable, size_t num_bytes,
+    const AllocationAttributes& attr) {
+  void* data = nullptr;
+  void* handle = movable->AllocateMovable(Allocator::kAllocatorAlignment,
+                                          num_bytes, attr, &data);
+  if (handle == nullptr) data = nullptr;
+  return new MovableTensorBuffer(allocator, movable, handle, data, num_bytes);
+}
+
+MovableTensorBuffer::MovableTensorBuffer(Allocator* allocator,
+                                         tsl::MovableAllocator* movable,
+                                         void* handle, void* data,
+                                         size_t num_bytes)
+    : TensorBuffer(data),
+      allocator_(allocator),
+      movable_(movable),
+      handle_(handle),
+      num_bytes_(num_bytes),
+      creation_pin_(handle != nullptr) {}
+
+MovableTensorBuffer::~MovableTensorBuffer() {
+  if (handle_ != nullptr) movable_->DeallocateMovable(handle_);
+}
+
+absl::Status MovableTensorBuffer::Pin() {
+  if (handle_ == nullptr) return absl::OkStatus();
+  void* data = nullptr;
+  absl::Status s = movable_->PinMovable(handle_, &data);
+  if (!s.ok()) return s;
+  // Every pinner of the same buffer stores the same address: while any pin
+  // is held the allocator does not move the buffer.
+  set_data(data);
+  return absl::OkStatus();
+}
+
+void MovableTensorBuffer::Unpin() {
+  if (handle_ == nullptr) return;
+  movable_->UnpinMovable(handle_);
+  // The first consumer is done: the creator's claim on the address ends.
+  if (creation_pin_.exchange(false, std::memory_order_acq_rel)) {
+    movable_->UnpinMovable(handle_);
+  }
+}
+
+absl::Status MovableTensorBuffer::MakeUnmovable() {
+  if (handle_ == nullptr || unmovable()) return absl::OkStatus();
+  void* data = nullptr;
+  absl::Status s = movable_->MakeUnmovable(handle_, &data);
+  if (!s.ok()) return s;
+  set_data(data);
+  unmovable_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+void MovableTensorBuffer::FillAllocationDescription(
+    AllocationDescription* proto) const {
+  proto->set_requested_bytes(static_cast<int64_t>(num_bytes_));
+  proto->set_allocator_name(allocator_->Name());
+  if (handle_ != nullptr) {
+    proto->set_allocated_bytes(
+        static_cast<int64_t>(movable_->MovableSize(handle_)));
+  }
+  proto->set_ptr(reinterpret_cast<uintptr_t>(data()));
+  if (RefCountIsOne()) proto->set_has_single_reference(true);
+}
+
+bool MovableTensorBuffer::GetAllocatedBytes(size_t* out_bytes) const {
+  if (handle_ == nullptr) return false;
+  *out_bytes = movable_->MovableSize(handle_);
+  return true;
+}
+
+MovableTensorBuffer* MovableTensorBufferUtil::Get(const Tensor& t) {
+  if (!Enabled() || t.buf_ == nullptr) return nullptr;
+  return t.buf_->root_buffer()->AsMovable();
+}
+
+TensorBuffer* MovableTensorBufferUtil::MaybeAllocate(
+    Allocator* a, DataType type, int64_t num_elements,
+    const AllocationAttributes& attr) {
+  if (!Enabled() || num_elements <= 0) return nullptr;
+  // Only types whose bytes are their value may move: strings, variants and
+  // resource handles hold host pointers and run constructors.
+  if (!DataTypeCanUseMemcpy(type)) return nullptr;
+  tsl::MovableAllocator* movable = a->AsMovableAllocator();
+  if (movable == nullptr) return nullptr;
+  const size_t num_bytes =
+      static_cast<size_t>(num_elements) * DataTypeSize(type);
+  return MovableTensorBuffer::Allocate(a, movable, num_bytes, attr);
+}
+
+void MovableTensorBufferUtil::KeepRootInPlace(TensorBuffer* root) {
+  if (!Enabled()) return;
+  MovableTensorBuffer* m = root->AsMovable();
+  if (m == nullptr) return;
+  absl::Status s = m->MakeUnmovable();
+  // The root is pinned by whoever slices it, so it is resident and this
+  // cannot fail for want of memory; if it did, the slice would alias freed
+  // memory, which is worse than stopping here.
+  CHECK(s.ok()) << "Large Model Support: a sliced tensor's buffer could not "
+                << "be kept in place: " << s;  // Crash OK
+}
+
+void MovableTensorBufferUtil::KeepInPlaceSlow(const Tensor& t) {
+  MovableTensorBuffer* m = Get(t);
+  if (m == nullptr || m->unmovable()) return;
+  absl::Status s = m->MakeUnmovable();
+  // A variable's kernels read this address right after this call and have
+  // no way to receive an error from Var::tensor(): stop with the cause.
+  CHECK(s.ok()) << "Large Model Support: could not bring a variable's buffer "
+                << "back into GPU memory: " << s;  // Crash OK
+}
+
+ScopedTensorPins& ScopedTensorPins::operator=(
+    ScopedTensorPins&& other) noexcept {
+  if (this != &other) {
+    Release();
+    pinned_ = std::move(other.pinned_);
+    other.pinned_.clear();
+  }
+  return *this;
+}
+
+absl::Status ScopedTensorPins::Pin(const Tensor& t) {
+  MovableTensorBuffer* m = MovableTensorBufferUtil::Get(t);
+  if (m == nullptr) return absl::OkStatus();
+  absl::Status s = m->Pin();
+  if (!s.ok()) return s;
+  m->Ref();
+  pinned_.push_back(m);
+  return absl::OkStatus();
+}
+
+void ScopedTensorPins::Release() {
+  for (MovableTensorBuffer* m : pinned_) {
+    m->Unpin();
+    m->Unref();
+  }
+  pinned_.clear();
+}
+
+absl::Status MakeTensorUnmovable(const Tensor& t) {
+  MovableTensorBuffer* m = MovableTensorBufferUtil::Get(t);
+  if (m == nullptr) return absl::OkStatus();
+  return m->MakeUnmovable();
+}
+
+std::string LargeModelSupportHint(Allocator* a, int64_t num_bytes) {
+  if (a == nullptr || a->AsMovableAllocator() != nullptr ||
+      a->GetMemoryType() != AllocatorMemoryType::kDevice) {
+    return "";
+  }
+  std::optional<AllocatorStats> stats = a->GetStats();
+  if (stats.has_value() && stats->bytes_limit.has_value() &&
+      num_bytes > *stats->bytes_limit) {
+    return "";  // Larger than the whole GPU: moving other tensors cannot help.
+  }
+  return "\nHint: Large Model Support may avoid this error. It lets tensors "
+         "that no running op uses move to host memory: call "
+         "tf.config.experimental.set_lms_enabled(True) before the GPU is first "
+         "used, or set GPUOptions.experimental.lms_enabled.";
+}
+
+}  // namespace tensorflow
