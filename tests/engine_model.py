@@ -21,6 +21,7 @@ class ModelRun:
     engine: tflms.Engine
     rng: random.Random
     max_size: int
+    device: int
     live: dict[int, tuple[tflms.Buffer, bytearray]] = field(default_factory=dict)
     pinned: dict[int, int] = field(default_factory=dict)
     next_key: int = 0
@@ -38,6 +39,9 @@ class ModelRun:
         buf.write(data)
         self.live[self.next_key] = (buf, data)
         self.next_key += 1
+
+    def pinned_bytes(self) -> int:
+        return sum(self.live[k][0].nbytes for k, n in self.pinned.items() if n)
 
     def pick(self) -> int | None:
         return self.rng.choice(list(self.live)) if self.live else None
@@ -67,7 +71,8 @@ class ModelRun:
             elif r < 0.65:
                 self.write(key)
             elif r < 0.75:
-                if self.pinned.get(key, 0) < 2:
+                # Keep pinned bytes under half the device so reads can always page in.
+                if self.pinned.get(key, 0) < 2 and self.pinned_bytes() < self.device // 2:
                     self.engine.pin(self.live[key][0])
                     self.pinned[key] = self.pinned.get(key, 0) + 1
             elif r < 0.85:
@@ -95,5 +100,8 @@ class ModelRun:
         del self.live[key]
 
     def finish(self) -> None:
+        for key in list(self.live):
+            for _ in range(self.pinned.pop(key, 0)):
+                self.engine.unpin(self.live[key][0])
         for key in list(self.live):
             self.free(key)

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         prefetch=True,
         verify_moves=True,
     )
-    run = ModelRun(eng, random.Random(args.seed), max_size=96 * 1024)
+    run = ModelRun(eng, random.Random(args.seed), max_size=96 * 1024, device=args.device_kib * 1024)
     start = time.monotonic()
     for i in tqdm(range(args.ops), desc="soak", unit="op", mininterval=1.0):
         run.step()

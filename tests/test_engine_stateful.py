@@ -148,7 +148,7 @@ class EngineMachine(RuleBasedStateMachine):
 
 
 EngineMachine.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=100,
     stateful_step_count=80,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -165,7 +165,7 @@ def test_random_operations_against_model_many_steps() -> None:
     eng = tflms.Engine(
         device_memory=DEVICE, host_memory=64 << 20, defrag=True, prefetch=True, verify_moves=True
     )
-    run = ModelRun(eng, random.Random(1234), MAX_SIZE)
+    run = ModelRun(eng, random.Random(1234), MAX_SIZE, DEVICE)
     for _ in range(5000):
         run.step()
         if run.ops % 500 == 0:

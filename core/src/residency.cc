@@ -194,7 +194,6 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
 Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
                             bool for_prefetch) {
   b->state = BufferState::kPagingIn;
-  ++transitions_in_flight_;
   Status status;
   BfcArena::ChunkHandle h = AllocateChunk(
       lock, b->size, b,
@@ -202,10 +201,13 @@ Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
       &status);
   if (h == BfcArena::kInvalidChunk) {
     b->state = BufferState::kReclaimed;
-    --transitions_in_flight_;
     cv_.notify_all();
     return status;
   }
+  // Counted only from here: while it looked for a chunk this buffer held no
+  // bytes an allocation could wait for (and counting it earlier would make
+  // the allocation it runs wait for itself).
+  ++transitions_in_flight_;
   b->chunk = h;
   b->device_ptr = arena_->chunk(h)->ptr;
   char* dst = b->device_ptr;
