@@ -11,7 +11,7 @@ CORE_SRCS := $(filter-out core/src/cuda_%,$(wildcard core/src/*.cc))
 CORE_HDRS := $(wildcard core/include/tflms/*.h core/src/*.h)
 CXXFLAGS_CORE := -std=c++17 -Wall -Wextra -Werror -Icore/include -Icore/src -pthread
 
-.PHONY: help install test test-fast lint cpp-test sanitize cuda-build patches verify bench demo \
+.PHONY: help install test test-fast lint cpp-test sanitize cuda-test patches verify bench demo \
         results soak wheel clean
 
 help: ## List the targets
@@ -26,7 +26,8 @@ $(VENV)/.installed: pyproject.toml setup.py $(CORE_SRCS) $(CORE_HDRS) tflms/_nat
 
 install: $(VENV)/.installed ## Create .venv, build the engine extension, install tflms + TensorFlow (CPU)
 
-test: install cpp-test lint ## Run every test: C++ engine tests, ruff, pytest (not the slow soak)
+HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
+test: install cpp-test $(if $(HAVE_NVCC),cuda-test) lint ## Run every test: C++ engine tests, CUDA build, ruff, pytest (not the slow soak)
 	$(PY) -m pytest -q -m "not slow" tests
 
 test-fast: install ## Python tests without TensorFlow
@@ -55,9 +56,12 @@ sanitize: $(BUILD)/engine_test_asan $(BUILD)/engine_test_tsan ## C++ tests under
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 $(BUILD)/engine_test_asan
 	TSAN_OPTIONS=halt_on_error=1 setarch -R $(BUILD)/engine_test_tsan
 
-cuda-build: ## Compile and link the CUDA backend with nvcc (runs only on a GPU machine)
+$(BUILD)/cuda_engine_test: core/tests/cuda_engine_test.cu core/src/cuda_device.cu core/src/cuda_device.h $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(BUILD)
-	$(NVCC) -std=c++17 -O2 -Icore/include -Icore/src -o $(BUILD)/cuda_engine_test core/tests/cuda_engine_test.cu core/src/cuda_device.cu $(CORE_SRCS)
+	$(NVCC) -std=c++17 -O2 -Xcompiler -Wall,-Werror -Icore/include -Icore/src -o $@ core/tests/cuda_engine_test.cu core/src/cuda_device.cu $(CORE_SRCS)
+
+cuda-test: $(BUILD)/cuda_engine_test ## Build the CUDA backend with nvcc and run it (skips without a GPU)
+	$(BUILD)/cuda_engine_test
 
 patches: install ## Regenerate patches/ from core/ and tf/
 	$(PY) -m tflms patch generate --tf-version $(TF_VERSION)

@@ -1,0 +1,70 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// CudaDevice: tflms::Device over the CUDA runtime, for running the engine on a
+// real GPU outside TensorFlow (C++ tests, benchmarks on a GPU machine).
+// Inside TensorFlow the adapter in tf/ implements Device over StreamExecutor
+// instead; this backend is the reference for what that adapter must do.
+//
+//   * device memory: cudaMalloc per region (the BFC arena pools it);
+//   * host memory:   cudaHostAlloc (page-locked, so copies are real DMA);
+//   * streams:       a compute stream given by the caller (or created), and
+//                    dedicated non-blocking D2H and H2D streams;
+//   * events:        cudaEventDisableTiming events, one per RecordEvent.
+// A failed asynchronous copy surfaces as the error of the next
+// cudaEventSynchronize on that stream, which is the contract device.h asks.
+//
+// Thread safety: the CUDA runtime is thread-safe; this class keeps no mutable
+// state after construction besides the device selection, which every method
+// re-applies (cudaSetDevice) because CUDA's current device is per thread.
+#ifndef TFLMS_CORE_SRC_CUDA_DEVICE_H_
+#define TFLMS_CORE_SRC_CUDA_DEVICE_H_
+
+#include <memory>
+
+#include "tflms/device.h"
+
+namespace tflms {
+
+class CudaDevice : public Device {
+ public:
+  // Creates streams on `device_ordinal`. nullptr with *status on failure
+  // (no GPU, driver missing).
+  static std::unique_ptr<CudaDevice> Create(int device_ordinal,
+                                            Status* status);
+  ~CudaDevice() override;
+
+  const char* Name() const override { return "cuda"; }
+  void* AllocateDeviceMemory(size_t bytes, size_t alignment) override;
+  void FreeDeviceMemory(void* ptr, size_t bytes) override;
+  void* AllocateHostMemory(size_t bytes) override;
+  void FreeHostMemory(void* ptr, size_t bytes) override;
+  Stream* GetStream(StreamKind kind) override;
+  Status CopyDeviceToHost(Stream* stream, void* host_dst,
+                          const void* device_src, size_t bytes) override;
+  Status CopyHostToDevice(Stream* stream, void* device_dst,
+                          const void* host_src, size_t bytes) override;
+  Status CopyDeviceToDevice(Stream* stream, void* device_dst,
+                            const void* device_src, size_t bytes) override;
+  EventRef RecordEvent(Stream* stream, Status* status) override;
+  Status WaitEvent(Stream* stream, const EventRef& event) override;
+  Status SynchronizeEvent(const EventRef& event) override;
+  bool EventDone(const EventRef& event) override;
+  Status ReadDeviceSync(void* host_dst, const void* device_src,
+                        size_t bytes) override;
+  Status WriteDeviceSync(void* device_dst, const void* host_src,
+                         size_t bytes) override;
+
+  class CudaStream;
+  class CudaEvent;
+
+ private:
+  explicit CudaDevice(int ordinal);
+  Status Init();
+
+  const int ordinal_;
+  std::unique_ptr<CudaStream> streams_[3];
+};
+
+}  // namespace tflms
+
+#endif  // TFLMS_CORE_SRC_CUDA_DEVICE_H_
