@@ -28,6 +28,7 @@
 #include <string>
 
 #include "engine_impl.h"
+#include "window_scan.h"
 
 namespace tflms {
 namespace {
@@ -132,31 +133,13 @@ Status Engine::Impl::DefragFor(std::unique_lock<std::mutex>& lock,
     BfcArena::ChunkHandle first, last;
   };
   std::vector<Window> windows;
-  arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
-    BfcArena::ChunkHandle left = first;
-    size_t total = 0, cost = 0;
-    for (BfcArena::ChunkHandle right = first; right != BfcArena::kInvalidChunk;
-         right = arena_->chunk(right)->next) {
-      const BfcArena::Chunk* rc = arena_->chunk(right);
-      const bool ok =
-          !rc->in_use() || Movable(static_cast<const Buffer*>(rc->owner));
-      if (!ok) {
-        left = rc->next;
-        total = cost = 0;
-        continue;
-      }
-      total += rc->size;
-      if (rc->in_use()) cost += rc->size;
-      while (left != right) {
-        const BfcArena::Chunk* lc = arena_->chunk(left);
-        if (total - lc->size < rounded) break;
-        total -= lc->size;
-        if (lc->in_use()) cost -= lc->size;
-        left = lc->next;
-      }
-      if (total >= rounded && cost > 0) windows.push_back({cost, left, right});
-    }
-  });
+  ScanWindows(
+      *arena_, rounded,
+      [&](const BfcArena::Chunk& c) {
+        return Movable(static_cast<const Buffer*>(c.owner));
+      },
+      [&](BfcArena::ChunkHandle first, BfcArena::ChunkHandle last,
+          size_t cost) { windows.push_back({cost, first, last}); });
   std::sort(windows.begin(), windows.end(),
             [](const Window& a, const Window& b) { return a.cost < b.cost; });
   if (windows.size() > kMaxWindowsTried) windows.resize(kMaxWindowsTried);

@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "engine_impl.h"
+#include "window_scan.h"
 
 namespace tflms {
 
@@ -46,43 +47,24 @@ std::vector<Buffer*> Engine::Impl::ChooseSingleVictim(size_t rounded) {
 }
 
 std::vector<Buffer*> Engine::Impl::ChooseFragmentVictims(size_t rounded) {
-  // Two-pointer scan of each region in address order. A window may only
-  // contain free chunks and reclaimable buffers; among windows holding
-  // `rounded` bytes, keep the one that pages out the fewest bytes.
+  // Among windows of free chunks and reclaimable buffers holding `rounded`
+  // bytes, keep the one that pages out the fewest bytes.
   size_t best_cost = std::numeric_limits<size_t>::max();
   BfcArena::ChunkHandle best_first = BfcArena::kInvalidChunk;
   BfcArena::ChunkHandle best_last = BfcArena::kInvalidChunk;
-  auto eligible = [&](const BfcArena::Chunk* c) {
-    return !c->in_use() || Reclaimable(static_cast<const Buffer*>(c->owner));
-  };
-  arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
-    BfcArena::ChunkHandle left = first;
-    size_t total = 0, cost = 0;
-    for (BfcArena::ChunkHandle right = first; right != BfcArena::kInvalidChunk;
-         right = arena_->chunk(right)->next) {
-      const BfcArena::Chunk* rc = arena_->chunk(right);
-      if (!eligible(rc)) {
-        left = rc->next;
-        total = cost = 0;
-        continue;
-      }
-      total += rc->size;
-      if (rc->in_use()) cost += rc->size;
-      // Shrink from the left while the window still holds the request.
-      while (left != right) {
-        const BfcArena::Chunk* lc = arena_->chunk(left);
-        if (total - lc->size < rounded) break;
-        total -= lc->size;
-        if (lc->in_use()) cost -= lc->size;
-        left = lc->next;
-      }
-      if (total >= rounded && cost > 0 && cost < best_cost) {
-        best_cost = cost;
-        best_first = left;
-        best_last = right;
-      }
-    }
-  });
+  ScanWindows(
+      *arena_, rounded,
+      [&](const BfcArena::Chunk& c) {
+        return Reclaimable(static_cast<const Buffer*>(c.owner));
+      },
+      [&](BfcArena::ChunkHandle first, BfcArena::ChunkHandle last,
+          size_t cost) {
+        if (cost < best_cost) {
+          best_cost = cost;
+          best_first = first;
+          best_last = last;
+        }
+      });
   std::vector<Buffer*> victims;
   if (best_first == BfcArena::kInvalidChunk) return victims;
   for (BfcArena::ChunkHandle h = best_first;; h = arena_->chunk(h)->next) {
