@@ -17,7 +17,7 @@ namespace {
 constexpr size_t kDefaultMaxInternalFragmentation = size_t{128} << 20;
 // TensorFlow starts growing regions at 2 MiB with allow_growth.
 constexpr size_t kInitialGrowthRegion = size_t{2} << 20;
-constexpr double kBackpedalFactor = 0.9;
+constexpr float kBackpedalFactor = 0.9f;
 
 int Log2Floor(uint64_t v) { return 63 - __builtin_clzll(v); }
 
@@ -38,7 +38,10 @@ BfcArena::BfcArena(SubAllocator* sub, const Options& options)
           ? RoundedBytes(std::min(options.memory_limit, kInitialGrowthRegion))
           : RoundedBytes(options.memory_limit);
   bins_.reserve(kNumBins);
-  for (int i = 0; i < kNumBins; ++i) bins_.emplace_back(ChunkComparator(this));
+  for (int i = 0; i < kNumBins; ++i) {
+    bins_.emplace_back(ChunkComparator(this),
+                       PoolAllocator<ChunkHandle>(&node_pool_));
+  }
 }
 
 BfcArena::~BfcArena() {
@@ -128,8 +131,10 @@ bool BfcArena::Extend(size_t rounded) {
   // (Rounding up can stop the shrinking near 1 KiB, where TensorFlow's loop
   // would spin forever; stop there instead.)
   while (mem == nullptr) {
+    // TensorFlow multiplies in float (its factor is a float 0.9), which
+    // after a few steps gives other sizes than double arithmetic would.
     const size_t smaller = RoundedBytes(
-        static_cast<size_t>(static_cast<double>(bytes) * kBackpedalFactor));
+        static_cast<size_t>(static_cast<float>(bytes) * kBackpedalFactor));
     if (smaller < rounded || smaller >= bytes) break;
     bytes = smaller;
     mem = sub_->Alloc(bytes, kAlignment);
@@ -158,6 +163,50 @@ bool BfcArena::Extend(size_t rounded) {
   c->size = bytes;
   SetHandle(c->ptr, h);
   InsertFreeChunkIntoBin(h);
+  return true;
+}
+
+bool BfcArena::DeallocateFreeRegions(size_t rounded) {
+  size_t free_bytes = 0;
+  std::vector<bool> unused(regions_.size(), false);
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    bool any_use = false;
+    for (ChunkHandle h = regions_[i].handles[0]; h != kInvalidChunk;
+         h = chunk(h)->next) {
+      if (chunk(h)->in_use()) {
+        any_use = true;
+        break;
+      }
+    }
+    if (!any_use) {
+      unused[i] = true;
+      free_bytes += regions_[i].size;
+    }
+  }
+  if (free_bytes == 0) return false;
+  if (rounded > options_.memory_limit - total_region_allocated_bytes_ +
+                    free_bytes) {
+    return false;
+  }
+  std::vector<Region> kept;
+  kept.reserve(regions_.size());
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    Region& r = regions_[i];
+    if (!unused[i]) {
+      kept.push_back(std::move(r));
+      continue;
+    }
+    ChunkHandle h = r.handles[0];
+    while (h != kInvalidChunk) {
+      ChunkHandle next = chunk(h)->next;
+      RemoveFreeChunkFromBin(h);
+      DeallocateChunkHandle(h);
+      h = next;
+    }
+    sub_->Free(r.ptr, r.size);
+    total_region_allocated_bytes_ -= r.size;
+  }
+  regions_ = std::move(kept);
   return true;
 }
 

@@ -80,6 +80,10 @@ class BfcArena {
   ChunkHandle FindChunk(size_t rounded, size_t requested, void* owner);
   // Grows the arena by one region able to hold `rounded` bytes.
   bool Extend(size_t rounded);
+  // Returns every region without an in-use chunk to the sub-allocator, if
+  // that together with the unreserved limit could hold `rounded` bytes
+  // (TensorFlow's DeallocateFreeRegions). True if any region was returned.
+  bool DeallocateFreeRegions(size_t rounded);
   // Frees an in-use chunk and coalesces it with free neighbours.
   void FreeChunk(ChunkHandle h);
   // Takes the specific free chunk `h` for `rounded` bytes (splitting it as
@@ -135,7 +139,58 @@ class BfcArena {
    private:
     const BfcArena* arena_;
   };
-  using FreeChunkSet = std::set<ChunkHandle, ChunkComparator>;
+  // Recycles the bins' tree nodes. Nearly every allocation and free inserts
+  // or erases free chunks; a malloc and free per node cost about a sixth of
+  // the time per allocate/free pair (TensorFlow's BFC pays it). Only the
+  // arena's owner touches it (same serialisation as the arena).
+  class NodePool {
+   public:
+    NodePool() = default;
+    NodePool(const NodePool&) = delete;
+    NodePool& operator=(const NodePool&) = delete;
+    ~NodePool() {
+      while (free_ != nullptr) {
+        void* next = *static_cast<void**>(free_);
+        ::operator delete(free_);
+        free_ = next;
+      }
+    }
+    void* Get(size_t bytes) {
+      if (node_bytes_ == 0) node_bytes_ = bytes;
+      if (bytes != node_bytes_ || free_ == nullptr) return ::operator new(bytes);
+      void* p = free_;
+      free_ = *static_cast<void**>(p);
+      return p;
+    }
+    void Put(void* p, size_t bytes) {
+      if (bytes != node_bytes_) {
+        ::operator delete(p);
+        return;
+      }
+      *static_cast<void**>(p) = free_;
+      free_ = p;
+    }
+
+   private:
+    size_t node_bytes_ = 0;  // std::set allocates one node size only
+    void* free_ = nullptr;   // intrusive list of recycled nodes
+  };
+  template <typename T>
+  struct PoolAllocator {
+    using value_type = T;
+    explicit PoolAllocator(NodePool* p) : pool(p) {}
+    template <typename U>
+    PoolAllocator(const PoolAllocator<U>& o) : pool(o.pool) {}  // NOLINT
+    T* allocate(size_t n) { return static_cast<T*>(pool->Get(n * sizeof(T))); }
+    void deallocate(T* p, size_t n) { pool->Put(p, n * sizeof(T)); }
+    template <typename U>
+    bool operator==(const PoolAllocator<U>& o) const { return pool == o.pool; }
+    template <typename U>
+    bool operator!=(const PoolAllocator<U>& o) const { return pool != o.pool; }
+    NodePool* pool;
+  };
+  using FreeChunkSet =
+      std::set<ChunkHandle, ChunkComparator, PoolAllocator<ChunkHandle>>;
 
   ChunkHandle AllocateChunkHandle();
   void DeallocateChunkHandle(ChunkHandle h);
@@ -165,6 +220,7 @@ class BfcArena {
   std::vector<Chunk> chunks_;
   ChunkHandle free_chunk_handles_ = kInvalidChunk;  // intrusive via next
   std::vector<Region> regions_;                     // sorted by ptr
+  NodePool node_pool_;  // declared before bins_, so it outlives them
   std::vector<FreeChunkSet> bins_;
 };
 

@@ -135,6 +135,14 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
       h = find(true);
       if (h != BfcArena::kInvalidChunk) return done(h, AllocSource::kNewRegion);
     }
+    // As TensorFlow does before giving up: wholly free regions go back to
+    // the device so that one region large enough can be grown. It moves no
+    // bytes, so it comes before any reclaim.
+    if (options_.garbage_collection &&
+        arena_->DeallocateFreeRegions(rounded) && arena_->Extend(rounded)) {
+      h = find(true);
+      if (h != BfcArena::kInvalidChunk) return done(h, AllocSource::kNewRegion);
+    }
   }
 
   Status host_status;

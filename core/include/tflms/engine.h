@@ -46,6 +46,10 @@ struct EngineOptions {
   // TF's GPUOptions.Experimental.internal_fragmentation_fraction; 0 keeps
   // TF's default of 128 MiB of tolerated padding.
   double fragmentation_fraction = 0.0;
+  // Before failing, return regions that hold no allocation to the device
+  // and grow one big enough (TF's BFC garbage_collection; TensorFlow's GPU
+  // allocator enables it unless TF_ENABLE_GPU_GARBAGE_COLLECTION=false).
+  bool garbage_collection = true;
 
   bool lms_enabled = true;
   // Reclaim once this many device bytes are in use (PyTorch LMS's
