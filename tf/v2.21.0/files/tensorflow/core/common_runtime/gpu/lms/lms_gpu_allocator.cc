@@ -36,6 +36,7 @@ limitations under the License.
 #include "tflms/engine.h"
 #include "xla/stream_executor/gpu/gpu_init.h"
 #include "xla/stream_executor/stream_executor.h"
+#include "xla/tsl/util/env_var.h"
 
 namespace tensorflow {
 namespace lms {
@@ -61,6 +62,16 @@ bool AllowGrowth(const GPUOptions& options) {
              << "\"true\" or \"false\". Using original config value of "
              << "allow_growth: " << options.allow_growth() << ".";
   return options.allow_growth();
+}
+
+// TF_ENABLE_GPU_GARBAGE_COLLECTION (default true) as for GPUBFCAllocator:
+// before failing, wholly free regions go back to the device.
+bool GarbageCollection() {
+  bool enabled = true;
+  absl::Status s = tsl::ReadBoolFromEnvVar("TF_ENABLE_GPU_GARBAGE_COLLECTION",
+                                           /*default_val=*/true, &enabled);
+  if (!s.ok()) LOG(ERROR) << s;
+  return enabled;
 }
 
 void WarnAboutIgnoredDebugAllocator() {
@@ -134,6 +145,7 @@ std::unique_ptr<tsl::Allocator> CreateLmsGpuAllocator(
   engine_options.name = name;
   engine_options.memory_limit = total_bytes;
   engine_options.allow_growth = lms::AllowGrowth(options);
+  engine_options.garbage_collection = lms::GarbageCollection();
   engine_options.fragmentation_fraction =
       options.experimental().internal_fragmentation_fraction();
   engine_options.lms_enabled = true;

@@ -1,0 +1,118 @@
+# Copyright 2026 The TensorFlow Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+# ==============================================================================
+"""Tests for the Large Model Support settings (tf.config.experimental)."""
+
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.eager import context
+from tensorflow.python.framework import config
+from tensorflow.python.framework import constant_op
+from tensorflow.python.framework import test_util
+from tensorflow.python.platform import test
+
+
+def reset_eager(fn):
+  """Runs `fn` in a fresh, uninitialized eager context."""
+
+  def wrapper(*args, **kwargs):
+    try:
+      context._reset_context()  # pylint: disable=protected-access
+      return fn(*args, **kwargs)
+    finally:
+      context._reset_context()  # pylint: disable=protected-access
+
+  return wrapper
+
+
+class LmsConfigTest(test.TestCase):
+
+  def testConfigProtoFields(self):
+    cfg = config_pb2.ConfigProto()
+    self.assertFalse(cfg.gpu_options.experimental.lms_enabled)
+    self.assertFalse(cfg.gpu_options.experimental.lms_defrag_enabled)
+    cfg.gpu_options.experimental.lms_enabled = True
+    cfg.gpu_options.experimental.lms_defrag_enabled = True
+    parsed = config_pb2.ConfigProto.FromString(cfg.SerializeToString())
+    self.assertTrue(parsed.gpu_options.experimental.lms_enabled)
+    self.assertTrue(parsed.gpu_options.experimental.lms_defrag_enabled)
+
+  def testFieldNumbersAreStable(self):
+    fields = config_pb2.GPUOptions.Experimental.DESCRIPTOR.fields_by_name
+    self.assertEqual(fields["lms_enabled"].number, 20)
+    self.assertEqual(fields["lms_defrag_enabled"].number, 21)
+
+  @reset_eager
+  def testDefaultsAreOff(self):
+    self.assertFalse(config.get_lms_enabled())
+    self.assertFalse(config.get_lms_defrag_enabled())
+    gpu = context.context().config.gpu_options
+    self.assertFalse(gpu.experimental.lms_enabled)
+    self.assertFalse(gpu.experimental.lms_defrag_enabled)
+
+  @reset_eager
+  def testSettingsReachContextConfig(self):
+    config.set_lms_enabled(True)
+    config.set_lms_defrag_enabled(True)
+    self.assertTrue(config.get_lms_enabled())
+    self.assertTrue(config.get_lms_defrag_enabled())
+    gpu = context.context().config.gpu_options
+    self.assertTrue(gpu.experimental.lms_enabled)
+    self.assertTrue(gpu.experimental.lms_defrag_enabled)
+
+    config.set_lms_enabled(False)
+    self.assertFalse(config.get_lms_enabled())
+    gpu = context.context().config.gpu_options
+    self.assertFalse(gpu.experimental.lms_enabled)
+
+  @reset_eager
+  def testDisablingOverridesContextConfigProto(self):
+    cfg = config_pb2.ConfigProto()
+    cfg.gpu_options.experimental.lms_enabled = True
+    context.context()._config = cfg  # pylint: disable=protected-access
+    self.assertTrue(config.get_lms_enabled())
+    config.set_lms_enabled(False)
+    self.assertFalse(config.get_lms_enabled())
+    gpu = context.context().config.gpu_options
+    self.assertFalse(gpu.experimental.lms_enabled)
+
+  @reset_eager
+  def testRejectsNonBool(self):
+    with self.assertRaisesRegex(TypeError, "lms_enabled must be a bool"):
+      config.set_lms_enabled("yes")
+    with self.assertRaisesRegex(TypeError, "lms_defrag_enabled must be a bool"):
+      config.set_lms_defrag_enabled(1)
+
+  @reset_eager
+  def testChangeAfterInitializationRaises(self):
+    constant_op.constant(1.0)  # initializes the runtime
+    # Setting the value in force is harmless.
+    config.set_lms_enabled(False)
+    with self.assertRaisesRegex(RuntimeError, "set_lms_enabled.*at the start"):
+      config.set_lms_enabled(True)
+    with self.assertRaisesRegex(RuntimeError, "cannot be changed after"):
+      config.set_lms_defrag_enabled(True)
+    self.assertFalse(config.get_lms_enabled())
+
+  @test_util.run_deprecated_v1
+  def testSessionConfigCarriesSetting(self):
+    cfg = config_pb2.ConfigProto()
+    cfg.gpu_options.experimental.lms_enabled = True
+    with self.session(config=cfg) as sess:
+      sess_config = sess._config  # pylint: disable=protected-access
+      self.assertTrue(sess_config.gpu_options.experimental.lms_enabled)
+      self.assertEqual(sess.run(constant_op.constant(3)), 3)
+
+
+if __name__ == "__main__":
+  test.main()
