@@ -34,8 +34,8 @@ test-fast: install ## Python tests without TensorFlow
 	$(PY) -m pytest -q -m "not slow and not tf" tests
 
 lint: install ## ruff on the Python sources
-	$(VENV)/bin/ruff check tflms tests examples bench scripts
-	$(VENV)/bin/ruff format --check tflms tests examples bench scripts
+	$(VENV)/bin/ruff check tflms tensorflow_large_model_support tests examples bench scripts
+	$(VENV)/bin/ruff format --check tflms tensorflow_large_model_support tests examples bench scripts
 
 $(BUILD)/engine_test: core/tests/engine_test.cc $(CORE_SRCS) $(CORE_HDRS)
 	@mkdir -p $(BUILD)
