@@ -1,0 +1,86 @@
+"""`tflms verify` against the real tensorflow-cpu 2.21.0 wheel (a, c, g; b is slow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tflms.patch.generate import collect
+from tflms.patch.proto_ext import CONFIG_PROTO, ProtoExtError, added_fields, extend_descriptor
+from tflms.patch.report import render_report
+from tflms.patch.unidiff import FileDiff, Hunk
+from tflms.patch.verify import FAIL, NA, PASS, FileCheck, check_hunks, run_verify
+from tflms.patch.wheel import find_wheel
+
+VERSION = "2.21.0"
+pytestmark = pytest.mark.tf
+
+
+def _config_descriptor() -> bytes:
+    import ast
+
+    source = (find_wheel(VERSION) / "core/protobuf/config_pb2.py").read_text()
+    start = source.index("AddSerializedFile(") + len("AddSerializedFile(")
+    return ast.literal_eval(source[start : source.index(")\n", start)])
+
+
+def test_config_proto_hunk_adds_two_free_fields_to_gpu_options_experimental() -> None:
+    proto = next(f for f in collect(VERSION).files if f.path == CONFIG_PROTO)
+    fields = added_fields(proto, _config_descriptor())
+    assert [(f.message, f.name, f.number, f.type_name) for f in fields] == [
+        ("tensorflow.GPUOptions.Experimental", "lms_enabled", 20, "TYPE_BOOL"),
+        ("tensorflow.GPUOptions.Experimental", "lms_defrag_enabled", 21, "TYPE_BOOL"),
+    ]
+    extended = extend_descriptor(_config_descriptor(), fields)
+    assert len(extended) > len(_config_descriptor())
+    clash = [type(fields[0])(fields[0].message, "lms_enabled", 19, "TYPE_BOOL")]
+    with pytest.raises(ProtoExtError, match="clashes with existing field stream_merge_options"):
+        extend_descriptor(_config_descriptor(), clash)
+
+
+def test_hunks_apply_to_the_wheel_and_a_broken_one_is_caught(tmp_path: Path) -> None:
+    files = collect(VERSION).files
+    checks = {f.path: FileCheck(f.path, f.new_file, f.added, f.removed) for f in files}
+    patched = check_hunks(files, checks, find_wheel(VERSION), tmp_path)
+    config = checks["tensorflow/python/framework/config.py"]
+    assert config.a == PASS and all(h.status == PASS for h in config.hunks)
+    assert "def set_lms_enabled(enable):" in patched["tensorflow/python/framework/config.py"]
+    assert checks["tensorflow/python/BUILD"].a == NA  # not in the wheel
+    # A hunk whose context is not in the wheel's file fails, and says so.
+    bad = FileDiff(
+        "tensorflow/python/eager/context.py",
+        [Hunk(10, 1, 10, 2, [" this line is not in context.py", "+added"], origin="t")],
+    )
+    bad_checks = {bad.path: FileCheck(bad.path, False, 1, 0)}
+    check_hunks([bad], bad_checks, find_wheel(VERSION), tmp_path)
+    assert bad_checks[bad.path].a == FAIL
+    assert bad_checks[bad.path].hunks[0].status == FAIL
+
+
+def test_verify_python_half_and_goldens_and_report(tmp_path: Path) -> None:
+    result = run_verify(VERSION, work=tmp_path, compile_cpp=False)
+    failing = {c["name"]: c["detail"] for c in result.python_checks if not c["ok"]}
+    assert not failing, failing
+    assert len(result.python_checks) >= 9
+    assert result.python_tests and all(t["ok"] for t in result.python_tests), result.python_tests
+    by_path = {f.path: f for f in result.files}
+    assert by_path["tensorflow/python/framework/config.py"].c == PASS
+    assert by_path["tensorflow/core/protobuf/config.proto"].c == PASS
+    goldens = [f for f in result.files if f.path.startswith("tensorflow/tools/api/golden/")]
+    assert len(goldens) == 6 and all(f.g == PASS for f in goldens)
+    assert result.problems == ["b) skipped (--no-compile)"]
+    report = render_report(result)
+    assert "## Not checked here" in report
+    not_checked = report.split("## Not checked here", 1)[1].split("## ", 1)[0]
+    assert "`tensorflow/python/BUILD`" in not_checked
+    assert "`tensorflow/python/framework/config.py`" not in not_checked
+    assert "| `tensorflow/python/framework/config.py` | changed |" in report
+
+
+@pytest.mark.slow
+def test_full_verify_including_compiles(tmp_path: Path) -> None:
+    result = run_verify(VERSION, work=tmp_path, jobs=2)
+    failing = [(f.path, f.notes) for f in result.files if f.failed]
+    assert not failing, failing
+    assert result.ok, result.problems

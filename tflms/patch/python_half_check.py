@@ -1,0 +1,194 @@
+"""Checks the Python half of the patch; run in a subprocess on the patched copy.
+
+verify.py puts the patched copy of the wheel's `tensorflow` package first on
+sys.path and runs this file. It prints one JSON object: {"checks": [{"name",
+"ok", "detail"}], "tensorflow_file", "goldens": {path: text}}. Every check is independent; a
+failure is reported, not raised, so one broken check does not hide others.
+Order matters: the context checks run before anything initializes the
+TensorFlow runtime, and the "after initialization" check runs last.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+import traceback
+from collections.abc import Callable
+
+GPU_STATS = (
+    "num_allocs",
+    "bytes_in_use",
+    "peak_bytes_in_use",
+    "largest_alloc_size",
+    "bytes_limit",
+    "bytes_reserved",
+    "peak_bytes_reserved",
+    "bytes_reservable_limit",
+    "bytes_inactive",
+    "bytes_active",
+    "peak_bytes_active",
+    "bytes_reclaimed",
+    "current_bytes_reclaimed",
+    "peak_bytes_reclaimed",
+    "num_single_reclaims",
+    "num_full_reclaims",
+    "num_defragmentations",
+    "bytes_defragged",
+)
+HOST_STATS = ("gpu_host_bytes_in_use", "gpu_host_peak_bytes_in_use")
+
+checks: list[dict[str, object]] = []
+
+
+def check(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
+    def wrap(fn: Callable[[], str]) -> Callable[[], str]:
+        try:
+            detail = fn()
+            checks.append({"name": name, "ok": True, "detail": detail})
+        except Exception:  # noqa: BLE001 - every failure is a result to report
+            checks.append({"name": name, "ok": False, "detail": traceback.format_exc(limit=3)})
+        return fn
+
+    return wrap
+
+
+def main() -> None:
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    @check("patched copy is the TensorFlow imported")
+    def _() -> str:
+        assert "site/tensorflow" in tf.__file__, tf.__file__
+        where = tf.__file__[tf.__file__.index("site/tensorflow") :]
+        return f"tf {tf.__version__} from the copy's {where}"
+
+    @check("ConfigProto has gpu_options.experimental.lms_enabled / lms_defrag_enabled")
+    def _() -> str:
+        cfg = tf.compat.v1.ConfigProto()
+        exp = cfg.gpu_options.experimental
+        assert exp.lms_enabled is False and exp.lms_defrag_enabled is False
+        exp.lms_enabled = True
+        exp.lms_defrag_enabled = True
+        data = cfg.SerializeToString()
+        back = tf.compat.v1.ConfigProto.FromString(data)
+        assert back.gpu_options.experimental.lms_enabled is True
+        assert back.gpu_options.experimental.lms_defrag_enabled is True
+        fields = tf.compat.v1.GPUOptions.Experimental.DESCRIPTOR.fields_by_name
+        nums = (fields["lms_enabled"].number, fields["lms_defrag_enabled"].number)
+        assert nums == (20, 21), nums
+        # Wire format: field 20 varint 1 = key 0xa0 0x01, value 0x01.
+        assert b"\xa0\x01\x01" in data and b"\xa8\x01\x01" in data, data.hex()
+        return f"fields {nums}, serialized {len(data)} bytes and parsed back"
+
+    @check("set_lms_enabled / get_lms_enabled round-trip, reach the eager context's GPUOptions")
+    def _() -> str:
+        ctx = context.context()
+        assert ctx._context_handle is None, "runtime already initialized"
+        assert tf.config.experimental.get_lms_enabled() is False
+        tf.config.experimental.set_lms_enabled(True)
+        assert tf.config.experimental.get_lms_enabled() is True
+        assert ctx.config.gpu_options.experimental.lms_enabled is True
+        tf.config.experimental.set_lms_enabled(False)
+        assert ctx.config.gpu_options.experimental.lms_enabled is False
+        tf.config.experimental.set_lms_enabled(True)
+        return "True -> context.config.gpu_options.experimental.lms_enabled == True (and back)"
+
+    @check("set_lms_defrag_enabled / get_lms_defrag_enabled round-trip")
+    def _() -> str:
+        assert tf.config.experimental.get_lms_defrag_enabled() is False
+        tf.config.experimental.set_lms_defrag_enabled(True)
+        assert tf.config.experimental.get_lms_defrag_enabled() is True
+        assert context.context().config.gpu_options.experimental.lms_defrag_enabled is True
+        return "True reaches context.config"
+
+    @check("setters reject non-booleans with TypeError")
+    def _() -> str:
+        for bad in ("yes", 1, None):
+            try:
+                tf.config.experimental.set_lms_enabled(bad)
+            except TypeError as e:
+                assert "lms_enabled must be a bool" in str(e)
+            else:
+                raise AssertionError(f"{bad!r} accepted")
+        return "'yes', 1, None rejected"
+
+    @check("v1 sessions: a ConfigProto with lms_enabled runs; Session() inherits set_lms_enabled")
+    def _() -> str:
+        # tf.compat.v1.Session() without a config uses context().config.
+        cfg = context.context().config
+        assert cfg.gpu_options.experimental.lms_enabled is True
+        with tf.Graph().as_default():
+            explicit = tf.compat.v1.ConfigProto()
+            explicit.gpu_options.experimental.lms_enabled = True
+            with tf.compat.v1.Session(config=explicit) as sess:
+                out = sess.run(tf.constant(7) * 6)
+        assert out == 42
+        return (
+            "context().config, which Session() uses without a ConfigProto, has "
+            "lms_enabled; Session(config with lms_enabled) runs on the wheel's runtime"
+        )
+
+    @check("tf.experimental statistics functions: names and signatures")
+    def _() -> str:
+        names = [*GPU_STATS, "lms_stats"]
+        for name in names:
+            fn = getattr(tf.experimental, f"get_{name}")
+            sig = str(inspect.signature(fn))
+            assert sig == "(gpu_id=0)", (name, sig)
+            assert getattr(tf.compat.v1.experimental, f"get_{name}") is fn
+        for name in HOST_STATS:
+            sig = str(inspect.signature(getattr(tf.experimental, f"get_{name}")))
+            assert sig == "(numa_node=0)", (name, sig)
+        return f"{len(names) + len(HOST_STATS)} functions in tf.experimental and compat.v1"
+
+    @check("statistics functions give a clear error without a GPU")
+    def _() -> str:
+        assert not tf.config.list_physical_devices("GPU"), "a GPU is present"
+        message = ""
+        for name in (*GPU_STATS, *HOST_STATS, "lms_stats"):
+            try:
+                getattr(tf.experimental, f"get_{name}")()
+            except RuntimeError as e:
+                message = str(e)
+                assert "no GPU is visible" in message and f"get_{name}" in message, message
+            else:
+                raise AssertionError(f"get_{name}() returned without a GPU")
+        try:
+            tf.experimental.get_bytes_in_use(-1)
+        except ValueError as e:
+            assert "gpu_id must be a non-negative int" in str(e)
+        else:
+            raise AssertionError("negative gpu_id accepted")
+        return message
+
+    @check("settings are locked once the runtime is initialized (RuntimeError)")
+    def _() -> str:
+        tf.constant(1.0)  # initializes the runtime
+        tf.config.experimental.set_lms_enabled(True)  # the value in force: allowed
+        try:
+            tf.config.experimental.set_lms_enabled(False)
+        except RuntimeError as e:
+            text = str(e)
+            assert "cannot be changed after" in text and "set_lms_enabled(False)" in text
+        else:
+            raise AssertionError("change after initialization accepted")
+        try:
+            tf.config.experimental.set_lms_defrag_enabled(False)
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("defrag change after initialization accepted")
+        assert tf.config.experimental.get_lms_enabled() is True
+        return text
+
+    # The goldens of the patched API, for verify's g) (saves a TensorFlow import).
+    from tflms.patch.goldens import render_all
+
+    goldens = render_all()
+    print(json.dumps({"checks": checks, "tensorflow_file": tf.__file__, "goldens": goldens}))
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
