@@ -27,8 +27,9 @@ $(VENV)/.installed: pyproject.toml setup.py $(CORE_SRCS) $(CORE_HDRS) tflms/_nat
 install: $(VENV)/.installed ## Create .venv, build the engine extension, install tflms + TensorFlow (CPU)
 
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
-test: install cpp-test $(if $(HAVE_NVCC),cuda-test) lint ## Run every test: C++ engine tests, CUDA build, ruff, pytest (not the slow soak)
+test: install cpp-test $(if $(HAVE_NVCC),cuda-test) lint ## Every test: C++ engine, CUDA build, ruff, pytest, patch verification
 	$(PY) -m pytest -q -m "not slow" tests
+	$(MAKE) verify
 
 test-fast: install ## Python tests without TensorFlow
 	$(PY) -m pytest -q -m "not slow and not tf" tests
