@@ -74,10 +74,10 @@ bench: install ## Engine vs TensorFlow's own BFCAllocator, side by side
 	$(PY) bench/run_bench.py
 
 demo: install ## The main job: ResNet50 on a modelled 16 GiB GPU, with and without LMS
-	$(VENV)/bin/tflms demo
+	$(PY) -m tflms demo
 
 results: install ## Regenerate docs/results.md (several models, 16 and 80 GiB GPUs)
-	$(VENV)/bin/tflms results --output docs/results.md
+	$(PY) -m tflms results --force --json-output docs/results.json
 
 soak: install ## A million random engine operations against a reference model
 	$(PY) -m tests.soak --ops 1000000

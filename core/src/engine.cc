@@ -112,7 +112,7 @@ Status Engine::Impl::SetLmsLimit(size_t bytes) {
 
 BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
     std::unique_lock<std::mutex>& lock, size_t bytes, Buffer* owner,
-    AllocSource max_source, Status* status) {
+    AllocSource max_source, Status* status, size_t protect_until) {
   const size_t rounded = BfcArena::RoundedBytes(bytes);
   auto find = [&](bool respect_limit) {
     if (respect_limit && options_.lms_enabled &&
@@ -164,7 +164,8 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
     };
 
     if (options_.lms_enabled && max_source >= AllocSource::kSingleReclaim &&
-        reclaim(ChooseSingleVictim(rounded), &counters_.num_single_reclaims)) {
+        reclaim(ChooseSingleVictim(rounded, protect_until),
+                &counters_.num_single_reclaims)) {
       h = find(true);
       if (h != BfcArena::kInvalidChunk) {
         return done(h, AllocSource::kSingleReclaim);

@@ -92,9 +92,12 @@ class Engine::Impl {
   Status SetLmsLimit(size_t bytes);
   // Obtains a chunk for `owner` climbing the ladder up to `max_source`.
   // Called with `lock` held; may release and retake it while copying.
+  // A single-reclaim victim must not be needed at or before pin position
+  // `protect_until` of the learned step order (0: no constraint).
   BfcArena::ChunkHandle AllocateChunk(std::unique_lock<std::mutex>& lock,
                                       size_t bytes, Buffer* owner,
-                                      AllocSource max_source, Status* status);
+                                      AllocSource max_source, Status* status,
+                                      size_t protect_until = 0);
   // Frees the chunk and buffer bookkeeping of a buffer that is settled.
   void DestroyBufferLocked(Buffer* b);
 
@@ -111,7 +114,7 @@ class Engine::Impl {
   // Brings a reclaimed buffer back. `for_prefetch` limits the ladder to
   // cheap steps so prefetch never causes a full reclaim.
   Status PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
-                bool for_prefetch);
+                bool for_prefetch, size_t protect_until = 0);
   void LruPush(Buffer* b);
   void LruRemove(Buffer* b);
   // Frees host copies whose page-in has landed. With `wait`, first waits
@@ -123,7 +126,8 @@ class Engine::Impl {
 
   // ---- reclaim.cc ----
   // Choose victims for a request of `rounded` bytes; empty if none.
-  std::vector<Buffer*> ChooseSingleVictim(size_t rounded);
+  std::vector<Buffer*> ChooseSingleVictim(size_t rounded,
+                                          size_t protect_until);
   std::vector<Buffer*> ChooseFragmentVictims(size_t rounded);
   std::vector<Buffer*> ChooseAllInactive();
   bool Reclaimable(const Buffer* b) const;
@@ -147,6 +151,10 @@ class Engine::Impl {
   void RunPrefetch(std::unique_lock<std::mutex>& lock,
                    const std::vector<Buffer*>& plan);
   void ForgetBufferForPrefetch(Buffer* b);
+  // Position of the buffer's next pin in the learned step order after the
+  // cursor; SIZE_MAX when it is not pinned again this step or nothing is
+  // learned yet.
+  size_t NextUse(const Buffer* b) const;
 
   // ---- stats.cc ----
   EngineStats GetStats() const;
@@ -203,6 +211,8 @@ class Engine::Impl {
     int64_t next_ordinal = 0;
     std::vector<int64_t> recording;  // keys pinned this step
     std::vector<int64_t> learned;    // keys pinned last step
+    // learned positions of each key, ascending (built at StepBegin)
+    std::unordered_map<int64_t, std::vector<size_t>> positions;
     size_t cursor = 0;
     std::unordered_map<int64_t, Buffer*> by_ordinal;  // this step's buffers
     size_t inflight_bytes = 0;  // prefetched, not yet pinned

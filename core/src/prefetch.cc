@@ -19,6 +19,9 @@
 // Bounds: prefetched-but-not-yet-pinned bytes stay under
 // prefetch_budget_bytes, and a prefetch may evict at most one victim (single
 // reclaim), never run a full reclaim or defragmentation.
+#include <algorithm>
+#include <cstdint>
+
 #include "engine_impl.h"
 
 namespace tflms {
@@ -34,7 +37,13 @@ int64_t PrefetchKey(const Buffer* b) {
 void Engine::Impl::StepBegin() {
   std::lock_guard<std::mutex> lock(mu_);
   PrefetchState& p = prefetch_;
-  if (!p.recording.empty()) p.learned.swap(p.recording);
+  if (!p.recording.empty()) {
+    p.learned.swap(p.recording);
+    p.positions.clear();
+    for (size_t i = 0; i < p.learned.size(); ++i) {
+      p.positions[p.learned[i]].push_back(i);
+    }
+  }
   p.recording.clear();
   p.cursor = 0;
   ++p.step;
@@ -43,6 +52,14 @@ void Engine::Impl::StepBegin() {
   // from here on they are known by id.
   for (auto& entry : p.by_ordinal) entry.second->step_ordinal = -1;
   p.by_ordinal.clear();
+}
+
+size_t Engine::Impl::NextUse(const Buffer* b) const {
+  auto it = prefetch_.positions.find(PrefetchKey(b));
+  if (it == prefetch_.positions.end()) return SIZE_MAX;
+  const std::vector<size_t>& pos = it->second;
+  auto next = std::lower_bound(pos.begin(), pos.end(), prefetch_.cursor);
+  return next == pos.end() ? SIZE_MAX : *next;
 }
 
 void Engine::Impl::ForgetBufferForPrefetch(Buffer* b) {
@@ -87,7 +104,12 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
         next->free_requested) {
       continue;
     }
-    if (next->size > budget_left) break;
+    if (next->size > budget_left) {
+      // A tensor larger than the whole budget would never be prefetched;
+      // let it go alone when nothing else is in flight.
+      if (plan.empty() && p.inflight_bytes == 0) plan.push_back(next);
+      break;
+    }
     budget_left -= next->size;
     plan.push_back(next);
   }
@@ -106,7 +128,10 @@ void Engine::Impl::RunPrefetch(std::unique_lock<std::mutex>& lock,
     if (it == buffers_.end()) continue;
     Buffer* b = it->second;
     if (b->state != BufferState::kReclaimed || b->free_requested) continue;
-    Status s = PageIn(lock, b, /*for_prefetch=*/true);
+    // Evicting for a prefetch must not push out what is needed before it.
+    const size_t needed_at = NextUse(b);
+    Status s = PageIn(lock, b, /*for_prefetch=*/true,
+                      needed_at == SIZE_MAX ? 0 : needed_at);
     if (b->free_requested) {
       DestroyBufferLocked(b);
       continue;

@@ -26,8 +26,16 @@ bool Engine::Impl::Reclaimable(const Buffer* b) const {
          b->pin_count == 0 && !b->unmovable && !b->free_requested;
 }
 
-std::vector<Buffer*> Engine::Impl::ChooseSingleVictim(size_t rounded) {
+std::vector<Buffer*> Engine::Impl::ChooseSingleVictim(size_t rounded,
+                                                     size_t protect_until) {
+  // Without a learned step order: the least recently used fitting buffer.
+  // With one: among fitting buffers, the one pinned again furthest in the
+  // future (Belady's choice), so a large request does not evict a tensor the
+  // next few ops need; a buffer never pinned again this step wins at once.
+  const bool learned = options_.prefetch_enabled && !prefetch_.learned.empty();
   const size_t in_use = arena_->bytes_in_use();
+  Buffer* best = nullptr;
+  size_t best_next = 0;
   for (Buffer* b = lru_head_; b != nullptr; b = b->lru_next) {
     if (!Reclaimable(b)) continue;
     const BfcArena::Chunk* c = arena_->chunk(b->chunk);
@@ -41,8 +49,17 @@ std::vector<Buffer*> Engine::Impl::ChooseSingleVictim(size_t rounded) {
     // Under an LMS limit below the device size, the victim must also bring
     // the bytes in use back under the limit.
     const bool under_limit = in_use - c->size + rounded <= lms_limit_;
-    if (span >= rounded && under_limit) return {b};
+    if (span < rounded || !under_limit) continue;
+    if (!learned) return {b};
+    const size_t next = NextUse(b);
+    if (protect_until != 0 && next <= protect_until) continue;
+    if (next == SIZE_MAX) return {b};
+    if (best == nullptr || next > best_next) {
+      best = b;
+      best_next = next;
+    }
   }
+  if (best != nullptr) return {best};
   return {};
 }
 

@@ -192,13 +192,13 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
 }
 
 Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
-                            bool for_prefetch) {
+                            bool for_prefetch, size_t protect_until) {
   b->state = BufferState::kPagingIn;
   Status status;
   BfcArena::ChunkHandle h = AllocateChunk(
       lock, b->size, b,
       for_prefetch ? AllocSource::kSingleReclaim : AllocSource::kFullReclaim,
-      &status);
+      &status, protect_until);
   if (h == BfcArena::kInvalidChunk) {
     b->state = BufferState::kReclaimed;
     cv_.notify_all();

@@ -207,7 +207,9 @@ std::string Engine::Impl::OutOfMemoryMessage(size_t bytes, size_t rounded,
   if (!host_status.ok()) m << " " << host_status.message();
   if (free_total >= rounded && largest < rounded) {
     m << " Enough memory is free but it is fragmented";
-    if (!options_.defrag_enabled) {
+    if (bytes_inactive_ == 0) {
+      m << " by tensors in use, which nothing can move";
+    } else if (!options_.defrag_enabled) {
       m << "; enabling LMS defragmentation may help "
            "(tf.config.experimental.set_lms_defrag_enabled(True) or "
            "gpu_options.experimental.lms_defrag_enabled)";

@@ -1,0 +1,431 @@
+"""The planner: trace replay through the real LMS engine, the searches, the reports, the CLI.
+
+Synthetic traces are built with the trace dataclasses (a deep chain whose forward activations are
+kept for the backward pass, the pattern LMS exists for); the `tf` tests replay a real Keras trace.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tflms.planner.gpu import GIB, get_gpu, parse_link, parse_size
+from tflms.planner.replay import (
+    EngineConfig,
+    build_plan,
+    live_profile,
+    peak_live_bytes,
+    replay,
+    replay_unlimited,
+    swap_bound_s,
+)
+from tflms.planner.report import RESULTS_MARKER, results_markdown
+from tflms.planner.search import largest_fitting
+from tflms.planner.simulate import Machine, max_batch, max_size, overhead_points, simulate_step
+from tflms.trace.format import OpInfo, TensorInfo, Trace, save_trace
+
+MIB = 1 << 20
+GPU = get_gpu("v100-16gb")
+
+
+def chain_trace(layers: int = 8, batch: int = 4, act_per_sample: int = 256 * 1024) -> Trace:
+    """Forward through `layers` layers keeping every activation, then backward in reverse.
+
+    Tensor bytes are multiples of 256 so that liveness sums are exact after BFC rounding.
+    """
+    tensors: list[TensorInfo] = []
+    ops: list[OpInfo] = []
+
+    def tensor(nbytes: int, scaled: bool, persistent: bool, name: str) -> int:
+        tensors.append(TensorInfo(len(tensors), nbytes, scaled, persistent, name))
+        return len(tensors) - 1
+
+    act = act_per_sample * batch
+    weights = [tensor(64 * 1024, False, True, f"w{i}") for i in range(layers)]
+    x = tensor(act, True, False, "images")
+    ops.append(OpInfo("input", "IteratorGetNext", [], [x], 0.0, float(act)))
+    acts = [x]
+    for i in range(layers):
+        y = tensor(act, True, False, f"a{i}")
+        ops.append(OpInfo(f"fwd{i}", "Conv2D", [acts[-1], weights[i]], [y], 4e6 * batch, 2.0 * act))
+        acts.append(y)
+    grad = tensor(act, True, False, "loss_grad")
+    ops.append(OpInfo("loss", "SoftmaxCrossEntropy", [acts[-1]], [grad], 1e5 * batch, 2.0 * act))
+    for i in reversed(range(layers)):
+        g_in = tensor(act, True, False, f"g{i}")
+        g_w = tensor(64 * 1024, False, False, f"gw{i}")
+        ops.append(
+            OpInfo(
+                f"bwd{i}",
+                "Conv2DBackprop",
+                [grad, acts[i], weights[i]],
+                [g_in, g_w],
+                8e6 * batch,
+                3.0 * act,
+            )
+        )
+        ops.append(OpInfo(f"sgd{i}", "ApplyGradientDescent", [weights[i], g_w], [], 0.0, 2e5))
+        grad = g_in
+    trace = Trace("Chain", batch, (16, 16, 3), "float32", "synthetic", tensors, ops)
+    trace.validate()
+    return trace
+
+
+def machine(memory: int, link: str = "pcie4", host: int = 1 * GIB) -> Machine:
+    name, gbps = parse_link(link)
+    return Machine(GPU.with_memory(memory), name, gbps, host)
+
+
+# ------------------------------------------------------------------ liveness and replay
+
+
+def test_peak_live_bytes_of_chain_is_all_activations_plus_weights() -> None:
+    trace = chain_trace(layers=8, batch=4)
+    plan = build_plan(trace, GPU)
+    act = 256 * 1024 * 4
+    weights = 8 * 64 * 1024
+    # At the last layer's backward op: the input, 7 activations, the loss gradient and the
+    # op's two outputs (input gradient, weight gradient).
+    assert peak_live_bytes(plan) == weights + 10 * act + 64 * 1024
+    # The last update frees its weight gradient, never the weight; the input gradient of the
+    # first layer, produced and never read, dies right after its producer.
+    names = {t.id: t.name for t in trace.tensors}
+    assert [names[t] for t in plan.frees[-1]] == ["gw0"]
+    assert "g0" in [names[t] for t in plan.frees[-2]]
+
+
+def test_without_lms_fits_exactly_when_memory_covers_the_peak() -> None:
+    plan = build_plan(chain_trace(), GPU)
+    peak = peak_live_bytes(plan)
+    big = machine(peak + 4 * MIB)
+    small = machine(peak - 2 * MIB)
+    fits = replay(plan, GPU, big.config(lms=False))
+    assert fits.fits
+    assert fits.stats["peak_bytes_in_use"] >= peak
+    oom = replay(plan, GPU, small.config(lms=False))
+    assert not oom.fits
+    assert oom.oom_message
+
+
+def test_lms_runs_what_does_not_fit_and_is_never_faster_than_unlimited_memory() -> None:
+    plan = build_plan(chain_trace(layers=12, batch=8), GPU)
+    peak = peak_live_bytes(plan)
+    m = machine(peak // 3)
+    unlimited = replay_unlimited(plan, GPU, m.link_gbps)
+    assert not replay(plan, GPU, m.config(lms=False)).fits
+    for prefetch in (False, True):
+        r = replay(plan, GPU, m.config(prefetch=prefetch))
+        assert r.fits, r.oom_message
+        # At least what does not fit at the peak went out to the host and came back.
+        assert r.d2h_bytes >= peak - peak // 3 - 4 * MIB
+        assert r.h2d_bytes > 0
+        assert r.step_time_s >= unlimited.step_time_s * (1 - 1e-9)
+        # Nothing beats the roofline: compute time or the link time of the bytes moved.
+        assert r.step_time_s >= r.roofline_s(unlimited.step_time_s) * (1 - 1e-6)
+        # Nor the swap bound (the excess at the peak goes out before it, back after it);
+        # a little slack for weights that stayed on the host from the step before.
+        bound = swap_bound_s(plan, m.gpu.memory_bytes, m.link_gbps)
+        assert bound > r.roofline_s(unlimited.step_time_s)
+        assert r.step_time_s >= 0.98 * bound
+
+
+def test_unlimited_step_time_is_the_compute_time_for_a_compute_bound_trace() -> None:
+    plan = build_plan(chain_trace(), GPU)
+    r = replay_unlimited(plan, GPU, 24.0)
+    assert r.d2h_bytes == 0 and r.h2d_bytes == 0
+    # Launch costs (5 us per op) hide behind kernels of this size.
+    assert plan.compute_s <= r.step_time_s <= plan.compute_s * 1.05 + 1e-4
+
+
+def test_slower_link_never_makes_a_step_faster() -> None:
+    plan = build_plan(chain_trace(layers=12, batch=8), GPU)
+    memory = peak_live_bytes(plan) // 3
+    times = []
+    for link in ("pcie3", "pcie5", "c2c"):
+        r = replay(plan, GPU, machine(memory, link).config(prefetch=True))
+        assert r.fits
+        times.append(r.step_time_s)
+    assert times[0] >= times[1] >= times[2]
+
+
+def test_replay_records_a_timeline_sample_per_op() -> None:
+    trace = chain_trace()
+    plan = build_plan(trace, GPU)
+    r = replay(plan, GPU, machine(peak_live_bytes(plan) // 2).config(), record=True)
+    assert r.fits
+    assert len(r.samples) == len(trace.ops)
+    assert max(s.reclaimed for s in r.samples) > 0
+    assert all(b.t >= a.t for a, b in zip(r.samples, r.samples[1:], strict=False))
+
+
+def test_elementwise_ops_write_in_place_when_their_input_dies() -> None:
+    # x -> Mul -> Mul -> Mul -> Sum, then a Mul whose input is still needed later.
+    sizes = [MIB] * 6 + [256]
+    tensors = [TensorInfo(i, b, True, False, f"t{i}") for i, b in enumerate(sizes)]
+    ops = [
+        OpInfo("make", "Fill", [], [0], 0.0, float(MIB)),
+        OpInfo("ew0", "Mul", [0], [1], 1e5, float(2 * MIB)),
+        OpInfo("ew1", "Mul", [1], [2], 1e5, float(2 * MIB)),
+        OpInfo("ew2", "Mul", [2], [3], 1e5, float(2 * MIB)),
+        OpInfo("keep", "Mul", [3], [4], 1e5, float(2 * MIB)),
+        OpInfo("conv", "Conv2D", [3, 4], [5], 1e6, float(3 * MIB)),
+        OpInfo("sum", "Sum", [5], [6], 1e5, float(MIB)),
+    ]
+    trace = Trace("Elementwise", 1, (8,), "float32", "synthetic", tensors, ops)
+    trace.validate()
+    plain = build_plan(trace, GPU, forwarding=False)
+    inplace = build_plan(trace, GPU)
+    # ew0..ew2 take over their input's buffer; `keep` cannot (t3 is read again by conv),
+    # nor can a Conv2D or a reduction.
+    assert [len(f) for f in inplace.forwards] == [0, 1, 1, 1, 0, 0, 0]
+    assert peak_live_bytes(plain) == 3 * MIB == peak_live_bytes(inplace)
+    assert max(live_profile(inplace)[1:4]) == MIB
+    assert max(live_profile(plain)[1:4]) == 2 * MIB
+    r_inplace = replay(inplace, GPU, machine(4 * MIB).config(lms=False))
+    r_plain = replay(plain, GPU, machine(4 * MIB).config(lms=False))
+    assert r_inplace.fits and r_plain.fits
+    assert r_inplace.stats["num_allocs"] < r_plain.stats["num_allocs"]
+
+
+def test_trace_out_of_executor_order_is_rejected() -> None:
+    trace = chain_trace(layers=2)
+    trace.ops[1], trace.ops[2] = trace.ops[2], trace.ops[1]
+    with pytest.raises(ValueError, match="executor order"):
+        build_plan(trace, GPU)
+
+
+# ------------------------------------------------------------------ searches
+
+
+def test_largest_fitting_brackets_and_bisects() -> None:
+    for answer in (0, 1, 2, 7, 100, 1000):
+        for start in (1, 3, 64, 5000):
+            r = largest_fitting(lambda n, a=answer: n <= a, start, limit=4096)
+            assert r.largest == answer
+            assert all(ok == (n <= answer) for n, ok in r.probes)
+
+
+def test_largest_fitting_with_tolerance_stays_within_it() -> None:
+    for answer in (50, 333, 2000):
+        exact = largest_fitting(lambda n, a=answer: n <= a, 8)
+        loose = largest_fitting(lambda n, a=answer: n <= a, 8, rel_tol=0.05)
+        assert answer * 0.95 - 1 <= loose.largest <= answer
+        assert len(loose.probes) < len(exact.probes)
+
+
+def test_max_size_searches_edges_in_multiples_of_16() -> None:
+    def trace_at(size: int) -> Trace:
+        # Activations grow with the volume, as a 3D model's do.
+        return chain_trace(layers=6, batch=1, act_per_sample=size**3 * 4)
+
+    m = machine(40 * MIB, host=256 * MIB)
+    ms = max_size(trace_at, m, start_size=32)
+    assert ms["without_lms"] % 16 == 0 and ms["with_lms"] % 16 == 0
+    assert ms["with_lms"] > ms["without_lms"] >= 16
+    assert ms["voxel_ratio"] == (ms["with_lms"] / ms["without_lms"]) ** 3
+    plan = build_plan(trace_at(ms["without_lms"]), GPU)
+    assert replay(plan, GPU, m.config(lms=False)).fits
+    assert not replay(build_plan(trace_at(ms["with_lms"] + 16), GPU), GPU, m.config()).fits
+
+
+def test_max_batch_with_lms_beats_without_on_the_real_engine() -> None:
+    trace = chain_trace(layers=8, batch=4)
+    plan = build_plan(trace, GPU)
+    m = machine(peak_live_bytes(plan), host=64 * MIB)
+    mb = max_batch(trace, m)
+    assert isinstance(mb["without_lms"], int) and isinstance(mb["with_lms"], int)
+    assert 3 <= mb["without_lms"] <= 4  # the trace's own batch just fits
+    assert mb["with_lms"] > 2 * mb["without_lms"]
+    # The host limit bounds LMS: device + host must hold the step's live bytes.
+    at_max = build_plan(trace.rescaled(mb["with_lms"]), GPU)
+    assert peak_live_bytes(at_max) <= m.gpu.memory_bytes + m.host_memory
+    assert not replay(build_plan(trace.rescaled(mb["with_lms"] + 1), GPU), GPU, m.config()).fits
+
+
+def test_overhead_points_report_roofline_ratios() -> None:
+    trace = chain_trace(layers=8, batch=4)
+    m = machine(peak_live_bytes(build_plan(trace, GPU)), host=64 * MIB)
+    rows = overhead_points(trace, m, [8], [("pcie4", 24.0)])
+    assert len(rows) == 2
+    assert {r["prefetch"] for r in rows} == {False, True}
+    for r in rows:
+        assert r["fits"]
+        assert r["overhead"] >= 0
+        assert r["roofline_ratio"] >= 1 - 1e-6
+
+
+def test_results_markdown_reports_batches_overheads_goals_and_calibration() -> None:
+    trace = chain_trace(layers=8, batch=4)
+    m = machine(peak_live_bytes(build_plan(trace, GPU)), host=64 * MIB)
+    m = Machine(
+        m.gpu.with_memory(m.gpu.memory_bytes), "pcie4", 24.0, m.host_memory
+    )  # a 16 GiB V100 model with a tiny memory: the goals section reads "v100-16"
+    mb = max_batch(trace, m)
+    rows = overhead_points(trace, m, [2 * mb["without_lms"]], [("pcie4", 24.0)])
+    cal = [
+        {
+            "gpu": "v100-16gb", "model": "ResNet50", "batch_size": 128, "published_per_s": 365.0,
+            "precision": "fp32", "source": "a README", "compute_efficiency": 0.8,
+            "memory_efficiency": 0.8, "modelled_per_s": 364.0, "flops_per_sample": 23e9,
+        }
+    ]  # fmt: skip
+    res = {
+        "wall_s": 60.0,
+        "calibration": cal,
+        "studies": [
+            {"model": "ResNet50", "machine": m.to_json(), "max_batch": mb, "overhead": rows}
+        ],
+    }
+    md = results_markdown(res)
+    assert md.startswith(RESULTS_MARKER)
+    assert f"| {mb['without_lms']} | {mb['with_lms']} |" in md
+    assert "ResNet50 largest batch with LMS >= 6x" in md
+    assert "## How the GPU model was calibrated" in md and "a README" in md
+
+
+# ------------------------------------------------------------------ models and parsing
+
+
+def test_sizes_and_links_parse_and_bad_input_says_what_to_write() -> None:
+    assert parse_size("16GiB") == 16 * GIB
+    assert parse_size("80 GB") == 80 * 10**9
+    assert parse_size("1024") == 1024
+    assert parse_link("pcie5") == ("pcie5", 52.0)
+    assert parse_link("30")[1] == 30.0
+    with pytest.raises(ValueError, match="GiB"):
+        parse_size("sixteen")
+    with pytest.raises(ValueError, match="pcie4"):
+        parse_link("pcie9")
+    with pytest.raises(ValueError, match="v100-16gb"):
+        get_gpu("tpu")
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def run_cli(*argv: str) -> int:
+    from tflms.cli import main
+
+    return main(list(argv))
+
+
+def test_simulate_json_max_batch_and_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = chain_trace(layers=8, batch=4)
+    path = save_trace(trace, tmp_path / "chain.json.gz")
+    memory = str(peak_live_bytes(build_plan(trace, GPU)))
+    png = tmp_path / "timeline.png"
+    rc = run_cli(
+        "simulate",
+        str(path),
+        "--memory",
+        memory,
+        "--host-memory",
+        "64MiB",
+        "--batch",
+        "8",
+        "--max-batch",
+        "--json",
+        "--plot",
+        str(png),
+        "--no-progress",
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["batch_size"] == 8
+    assert out["without_lms"]["fits"] is False
+    assert out["without_lms"]["peak_live_bytes"] > int(memory)
+    assert [r["label"] for r in out["lms"]] == [
+        "LMS + prefetch",
+        "LMS + on-demand",
+        "LMS + prefetch + defrag",
+    ]
+    assert all(r["fits"] and r["h2d_bytes"] > 0 for r in out["lms"])
+    assert out["unlimited"]["step_time_s"] <= min(r["step_time_s"] for r in out["lms"])
+    mb = out["max_batch"]
+    assert type(mb["without_lms"]) is int and type(mb["with_lms"]) is int
+    assert mb["with_lms"] > mb["without_lms"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The plot is not overwritten without --force.
+    rc = run_cli("simulate", str(path), "--memory", memory, "--plot", str(png), "--no-progress")
+    assert rc == 2
+    assert "--force" in capsys.readouterr().err
+
+
+def test_simulate_table_names_fit_and_overhead(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = chain_trace(layers=8, batch=4)
+    path = save_trace(trace, tmp_path / "chain.json")
+    rc = run_cli("simulate", str(path), "--memory", "2MiB", "--link", "pcie3", "--no-compare")
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "does NOT fit" in out
+    assert "LMS + prefetch" in out and "overhead" in out
+
+
+def test_simulate_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = save_trace(chain_trace(), tmp_path / "chain.json")
+    assert run_cli("simulate", str(path), "--memory", "lots") == 2
+    assert "16GiB" in capsys.readouterr().err
+    assert run_cli("simulate", str(path), "--link", "usb") == 2
+    assert "pcie4" in capsys.readouterr().err
+    assert run_cli("simulate", str(path), "--max-size") == 2
+    assert "--model" in capsys.readouterr().err
+
+
+def test_results_refuses_to_overwrite_a_file_it_did_not_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "results.md"
+    mine.write_text("my notes\n")
+    assert run_cli("results", "--output", str(mine)) == 2
+    assert "--force" in capsys.readouterr().err
+    assert mine.read_text() == "my notes\n"
+
+
+# ------------------------------------------------------------------ a real Keras trace
+
+
+@pytest.fixture(scope="module")
+def mobilenet_trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
+    import os
+
+    from tflms.trace.cache import cached_trace
+
+    old = os.environ.get("TFLMS_CACHE_DIR")
+    os.environ["TFLMS_CACHE_DIR"] = str(tmp_path_factory.mktemp("traces"))
+    try:
+        return cached_trace("MobileNetV2", 8, input_size=32, progress=False)
+    finally:
+        if old is None:
+            del os.environ["TFLMS_CACHE_DIR"]
+        else:
+            os.environ["TFLMS_CACHE_DIR"] = old
+
+
+@pytest.mark.tf
+def test_real_model_max_batch_and_step(mobilenet_trace: Trace) -> None:
+    trace = mobilenet_trace
+    m = machine(128 * MIB, host=1 * GIB)
+    mb = max_batch(trace, m)
+    assert mb["without_lms"] >= 1
+    assert mb["with_lms"] > mb["without_lms"]
+    # Without LMS the largest batch's live tensors fit on the device; one more does not run.
+    at_max = build_plan(trace.rescaled(mb["without_lms"]), GPU)
+    assert peak_live_bytes(at_max) <= m.gpu.memory_bytes
+    report, _ = simulate_step(trace.rescaled(2 * mb["without_lms"]), m, compare=False)
+    assert report["without_lms"]["fits"] is False
+    lms = report["lms"][0]
+    assert lms["fits"]
+    assert lms["d2h_bytes"] > 0
+    assert report["unlimited"]["step_time_s"] <= lms["step_time_s"]
+
+
+def test_engine_config_labels_are_what_reports_show() -> None:
+    assert EngineConfig(1, 1, 1.0, lms=False).label() == "no LMS"
+    assert EngineConfig(1, 1, 1.0, prefetch=False).label() == "LMS + on-demand"
+    assert EngineConfig(1, 1, 1.0, defrag=True).label() == "LMS + prefetch + defrag"

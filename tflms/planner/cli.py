@@ -1,0 +1,368 @@
+"""`tflms simulate`, `tflms demo`, `tflms results`: the planner's commands.
+
+Nothing heavy is imported at module level: `tflms --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+_GPU_HELP = (
+    "modelled GPU: v100-16gb, v100-32gb, a100-40gb, a100-80gb, h100-80gb (default v100-16gb)"
+)
+_LINK_HELP = (
+    "host link: pcie3, pcie4, pcie5, nvlink2-power9, c2c, or a bandwidth in GB/s per direction "
+    "(default pcie4)"
+)
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="will my model fit with LMS, and how much slower will it run? (replays a trace)",
+        description=(
+            "Replay a training-step trace through the LMS engine on a modelled GPU: peak memory "
+            "without LMS, bytes swapped, page-in stalls and predicted step time with LMS, and "
+            "(--max-batch / --max-size) the largest batch or input size that fits."
+        ),
+    )
+    src = p.add_argument_group("trace (a file, or a model to trace)")
+    src.add_argument("trace", nargs="?", help="trace file (.json or .json.gz) from `tflms trace`")
+    src.add_argument("--model", help="trace this model instead (e.g. ResNet50, UNet3D); cached")
+    src.add_argument("--batch", type=int, help="batch size (rescales the trace)")
+    src.add_argument("--input-size", type=int, help="input edge for --model (default: the model's)")
+    gpu = p.add_argument_group("modelled machine")
+    gpu.add_argument("--gpu", default="v100-16gb", help=_GPU_HELP)
+    gpu.add_argument("--memory", help="GPU memory, e.g. 16GiB, 40GiB, 80GiB (default: the GPU's)")
+    gpu.add_argument("--tflops", type=float, help="effective compute rate in TFLOP/s (overrides)")
+    gpu.add_argument("--link", default="pcie4", help=_LINK_HELP)
+    gpu.add_argument(
+        "--host-memory",
+        default="128GiB",
+        help="host memory LMS may fill with reclaimed tensors (TF_GPU_HOST_MEM_LIMIT_IN_MB; "
+        "default 128GiB, TensorFlow's default)",
+    )
+    eng = p.add_argument_group("engine")
+    eng.add_argument("--no-prefetch", action="store_true", help="page in on demand only")
+    eng.add_argument("--defrag", action="store_true", help="enable defragmentation")
+    eng.add_argument("--steps", type=int, default=2, help="steps replayed; the last is measured")
+    eng.add_argument(
+        "--prefetch-lookahead", type=int, default=32, help="pins prefetch looks ahead (32)"
+    )
+    eng.add_argument(
+        "--prefetch-budget", help="bytes prefetch may hold ahead of use (default: memory / 8)"
+    )
+    out = p.add_argument_group("what to do")
+    out.add_argument(
+        "--max-batch", action="store_true", help="search the largest batch without / with LMS"
+    )
+    out.add_argument(
+        "--max-size",
+        action="store_true",
+        help="search the largest input size (cube edge, multiple of 16) without / with LMS; "
+        "needs --model",
+    )
+    out.add_argument("--no-compare", action="store_true", help="replay only the chosen LMS mode")
+    out.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    out.add_argument("--plot", metavar="FILE.png", help="draw the memory timeline of a step")
+    out.add_argument("--force", action="store_true", help="overwrite the --plot file")
+    out.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_simulate)
+
+    d = sub.add_parser(
+        "demo",
+        help="ResNet50 on a modelled 16 GiB GPU: largest batch without/with LMS, overhead",
+        description=(
+            "Trace ResNet50 (once, cached), then find the largest batch without and with LMS on "
+            "a modelled 16 GiB V100 and predict the step-time overhead on PCIe 4 and PCIe 5."
+        ),
+    )
+    d.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    d.add_argument("--no-progress", action="store_true", help="no progress bars")
+    d.set_defaults(func=cmd_demo)
+
+    r = sub.add_parser(
+        "results",
+        help="regenerate docs/results.md (largest batches and overheads of five models)",
+    )
+    r.add_argument("--output", default="docs/results.md", help="markdown file to write")
+    r.add_argument(
+        "--json-output",
+        help="also write the raw results as JSON here; with --models/--gpus, studies already "
+        "in this file are kept and the rerun ones replaced",
+    )
+    r.add_argument("--force", action="store_true", help="overwrite a file tflms did not write")
+    r.add_argument("--models", help="comma-separated subset, e.g. ResNet50,UNet3D")
+    r.add_argument("--gpus", help="comma-separated subset of v100-16gb,a100-80gb")
+    r.add_argument(
+        "--from-json", metavar="FILE", help="rewrite the markdown from a saved --json-output"
+    )
+    r.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="only print the compute efficiencies that match the published throughputs",
+    )
+    r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    r.set_defaults(func=cmd_results)
+
+
+def _fail(msg: str) -> int:
+    print(f"tflms: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _check_writable(path: Path, force: bool, marker: str | None = None) -> str | None:
+    """None if `path` may be written, else the reason."""
+    if not path.exists() or force:
+        return None
+    if marker is not None:
+        try:
+            with path.open(encoding="utf-8") as f:
+                if f.readline().strip() == marker:
+                    return None
+        except (OSError, UnicodeDecodeError):
+            pass
+    return f"{path} exists; pass --force to overwrite it"
+
+
+def _engine_ready() -> str | None:
+    try:
+        import tflms
+
+        tflms.Engine  # noqa: B018
+    except (ImportError, AttributeError) as exc:
+        return (
+            f"the LMS engine is not built ({exc}); install the package with "
+            "`pip install -e .` so tflms._core is compiled"
+        )
+    return None
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from tflms.planner import gpu as gpus
+    from tflms.planner.simulate import Machine, max_batch, max_size, simulate_step
+
+    if bool(args.trace) == bool(args.model):
+        return _fail("give a trace file or --model NAME (one of them)")
+    if args.max_size and not args.model:
+        return _fail("--max-size re-traces the model at each size: use --model NAME")
+    if args.steps < 1:
+        return _fail("--steps must be at least 1")
+    if args.batch is not None and args.batch < 1:
+        return _fail("--batch must be at least 1")
+    try:
+        gpu = gpus.get_gpu(args.gpu)
+        if args.memory:
+            gpu = gpu.with_memory(gpus.parse_size(args.memory))
+        if args.tflops is not None:
+            if args.tflops <= 0:
+                return _fail("--tflops must be positive")
+            gpu = gpu.with_tflops(args.tflops)
+        link_name, link_gbps = gpus.parse_link(args.link)
+        host = gpus.parse_size(args.host_memory)
+        budget = gpus.parse_size(args.prefetch_budget) if args.prefetch_budget else 0
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.prefetch_lookahead < 0:
+        return _fail("--prefetch-lookahead must be 0 or more")
+    if args.plot:
+        if not args.plot.lower().endswith(".png"):
+            return _fail("--plot writes a PNG: give a file name ending in .png")
+        reason = _check_writable(Path(args.plot), args.force)
+        if reason:
+            return _fail(reason)
+    reason = _engine_ready()
+    if reason:
+        return _fail(reason)
+    machine = Machine(gpu, link_name, link_gbps, host, args.prefetch_lookahead, budget)
+    progress = not args.no_progress and sys.stderr.isatty()
+
+    try:
+        trace = _load_trace(args, progress)
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc))
+    if args.batch is not None and args.batch != trace.batch_size:
+        trace = trace.rescaled(args.batch)
+
+    prefetch = not args.no_prefetch
+    report, recorded = simulate_step(
+        trace,
+        machine,
+        steps=args.steps,
+        prefetch=prefetch,
+        defrag=args.defrag,
+        compare=not args.no_compare,
+        record=bool(args.plot),
+        progress=progress,
+    )
+    if args.max_batch:
+        try:
+            report["max_batch"] = max_batch(
+                trace,
+                machine,
+                prefetch=prefetch,
+                defrag=args.defrag,
+                steps=args.steps,
+                progress=progress,
+            )
+        except ValueError as exc:
+            return _fail(str(exc))
+    if args.max_size:
+        from tflms.trace.cache import cached_trace
+
+        model, batch = args.model, trace.batch_size
+        report["max_size"] = max_size(
+            lambda size: cached_trace(model, batch, input_size=size),
+            machine,
+            start_size=args.input_size or _default_size(model),
+            prefetch=prefetch,
+            defrag=args.defrag,
+            steps=args.steps,
+            progress=progress,
+        )
+    if args.plot and recorded is not None:
+        from tflms.planner.plot import plot_timeline
+
+        if recorded.fits:
+            plot_timeline(
+                recorded.samples,
+                args.plot,
+                title=f"{trace.model} batch {trace.batch_size}, {recorded.config.label()}, "
+                f"{gpu.name} {gpus.format_bytes(gpu.memory_bytes)}, {link_name}",
+                device_memory=gpu.memory_bytes,
+            )
+            report["plot"] = args.plot
+        else:
+            print(
+                f"tflms: no plot: the step does not fit ({recorded.oom_message})", file=sys.stderr
+            )
+
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        from tflms.planner.report import format_max_batch, format_simulate
+
+        print(format_simulate(report))
+        if "max_batch" in report:
+            print()
+            print(format_max_batch(report["max_batch"]))
+        if "max_size" in report:
+            print()
+            print(format_max_batch(report["max_size"], what="input size"))
+        if "plot" in report:
+            print(f"\nmemory timeline: {report['plot']}")
+    return 0
+
+
+def _default_size(model: str) -> int:
+    from tflms.trace.models import MODEL_SPECS, resolve_model_name
+
+    return MODEL_SPECS[resolve_model_name(model)].default_size
+
+
+def _load_trace(args: argparse.Namespace, progress: bool) -> Any:
+    from tflms.trace.cache import cached_trace
+    from tflms.trace.format import load_trace
+    from tflms.trace.models import resolve_model_name
+
+    if args.trace:
+        return load_trace(args.trace)
+    model = resolve_model_name(args.model)
+    return cached_trace(model, args.batch or 32, input_size=args.input_size, progress=progress)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    reason = _engine_ready()
+    if reason:
+        return _fail(reason)
+    from tflms.planner.report import format_demo
+    from tflms.planner.study import run_demo
+
+    demo = run_demo(progress=not args.no_progress and sys.stderr.isatty())
+    if args.json:
+        json.dump(demo, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_demo(demo))
+    return 0
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    reason = _engine_ready()
+    if reason:
+        return _fail(reason)
+    from tflms.planner import study
+    from tflms.planner.report import RESULTS_MARKER, results_markdown
+
+    if args.calibrate:
+        for row in study.run_calibration(fit=True):
+            fitted = ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k.startswith("fitted_"))
+            print(
+                f"{row['gpu']}: published {row['published_per_s']:.0f}/s, modelled "
+                f"{row['modelled_per_s']:.0f}/s (compute efficiency "
+                f"{row['compute_efficiency']:.3f}, memory traffic {row['memory_traffic']:.3f}); "
+                f"{fitted}"
+            )
+        return 0
+    out = Path(args.output)
+    reason = _check_writable(out, args.force, RESULTS_MARKER)
+    if reason:
+        return _fail(reason)
+    if args.from_json:
+        try:
+            saved = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+            text = results_markdown(saved)
+        except (OSError, ValueError, KeyError) as exc:
+            return _fail(f"cannot rebuild the results from {args.from_json}: {exc}")
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out}")
+        return 0
+    models = study.RESULT_MODELS
+    if args.models:
+        wanted = {m.strip().lower() for m in args.models.split(",") if m.strip()}
+        models = tuple(m for m in models if m.name.lower() in wanted)
+        unknown = wanted - {m.name.lower() for m in models}
+        if unknown:
+            names = ", ".join(m.name for m in study.RESULT_MODELS)
+            return _fail(f"unknown model(s) {', '.join(sorted(unknown))}: choose from {names}")
+    machines = study.RESULT_MACHINES
+    if args.gpus:
+        wanted_gpus = {g.strip().lower() for g in args.gpus.split(",") if g.strip()}
+        machines = tuple(m for m in machines if m[0] in wanted_gpus)
+        if not machines:
+            names = ", ".join(m[0] for m in study.RESULT_MACHINES)
+            return _fail(f"--gpus matches none of the studied GPUs: {names}")
+
+    # A subset run on top of saved results replaces only the studies it reruns.
+    previous: dict[str, Any] | None = None
+    subset = bool(args.models or args.gpus)
+    if subset and args.json_output and Path(args.json_output).exists():
+        try:
+            previous = json.loads(Path(args.json_output).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return _fail(f"cannot read the saved results {args.json_output}: {exc}")
+
+    def save(res: dict[str, Any]) -> None:
+        # Written after every study, so a long run that is stopped keeps what it found.
+        if previous is not None:
+            res = study.merge_results(previous, res)
+        if args.json_output:
+            Path(args.json_output).write_text(json.dumps(res, indent=2), encoding="utf-8")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(results_markdown(res), encoding="utf-8")
+
+    res = study.run_results(
+        models=models,
+        machines=machines,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        log=lambda s: print(s, file=sys.stderr),
+        on_study=save,
+    )
+    save(res)
+    print(f"wrote {out} ({res['wall_s'] / 60:.1f} min of replays)")
+    return 0

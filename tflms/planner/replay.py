@@ -1,0 +1,476 @@
+"""Replays a training-step trace through the LMS engine on a modelled GPU.
+
+Each op, in trace order, does what TensorFlow's executor does with LMS on:
+pin the inputs, allocate the outputs pinned, launch the kernel (host time)
+and run it (compute-stream time), unpin everything, and free the tensors whose
+last use this was. Persistent tensors (variables, optimizer slots) are
+allocated once before the first step; tensors no op produces (the input batch)
+are allocated at the start of each step, as the input pipeline's copy would.
+
+Timing comes from the engine's sim backend: every page-out, page-in and
+defragmentation move is a copy on a modelled stream, so stalls are the
+engine's own. Steps after the first are measured: prefetch learns the pin
+order of a step during the first one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tflms.planner.gpu import DEFAULT_LINK_LATENCY_US, GpuModel
+
+if TYPE_CHECKING:
+    from tflms.trace.format import Trace
+
+ALIGNMENT = 256  # BFC rounds every allocation up to this
+
+
+def _rounded(nbytes: int) -> int:
+    return max(ALIGNMENT, (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT)
+
+
+@dataclasses.dataclass
+class StepPlan:
+    """A trace turned into per-op engine actions (ids are tensor ids)."""
+
+    persistent: list[tuple[int, int]]  # (id, bytes), allocated before the first step
+    step_inputs: list[tuple[int, int]]  # (id, bytes), allocated at every step start
+    inputs: list[tuple[int, ...]]  # per op, distinct tensors to pin
+    outputs: list[tuple[tuple[int, int], ...]]  # per op, (id, bytes) to allocate pinned
+    frees: list[tuple[int, ...]]  # per op, tensors dead after it
+    kernel_s: list[float]  # per op, modelled kernel time
+    names: list[str]
+    free_at_start: tuple[int, ...]  # step inputs no op reads
+    # per op, (output, input): the output takes over the input's buffer in place
+    forwards: list[tuple[tuple[int, int], ...]] = dataclasses.field(default_factory=list)
+    sizes: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def compute_s(self) -> float:
+        return sum(self.kernel_s)
+
+
+# Kernels that write their output into an input's buffer when that input has no
+# other user and the same size (TensorFlow's forward_input_or_allocate_output):
+# elementwise ops without broadcasting, AddN, BiasAdd.
+FORWARDING_OPS = frozenset(
+    {
+        "Abs", "Add", "AddN", "AddV2", "BiasAdd", "DivNoNan", "Elu", "EluGrad", "Exp",
+        "FloorDiv", "Log", "Maximum", "Minimum", "Mul", "Neg", "Pow", "RealDiv", "Relu",
+        "Relu6", "Relu6Grad", "ReluGrad", "Rsqrt", "RsqrtGrad", "Selu", "SeluGrad",
+        "Sigmoid", "SigmoidGrad", "Softplus", "Sqrt", "Square", "SquaredDifference",
+        "Sub", "Tanh", "TanhGrad",
+    }
+)  # fmt: skip
+
+
+def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan:
+    """Derives liveness, in-place forwarding and kernel times.
+
+    Tensors of 0 bytes take no memory and are skipped. With `forwarding`, an op of
+    FORWARDING_OPS whose input dies at that op and has its output's size writes the
+    output in place, as TensorFlow's kernels do: no allocation, one buffer fewer.
+    """
+    sizes = {t.id: int(t.bytes) for t in trace.tensors}
+    persistent_ids = {t.id for t in trace.tensors if t.persistent}
+    producer = {tid: i for i, op in enumerate(trace.ops) for tid in op.outputs}
+    produced: set[int] = set()
+    last_use: dict[int, int] = {}
+    for i, op in enumerate(trace.ops):
+        for tid in op.inputs:
+            if tid not in sizes:
+                raise ValueError(
+                    f"op {op.name!r} reads tensor {tid}, which the trace does not list"
+                )
+            if producer.get(tid, -1) >= i:
+                raise ValueError(
+                    f"op {op.name!r} reads tensor {tid} before it is produced: "
+                    "the trace's ops are not in executor order"
+                )
+            last_use[tid] = i
+        for tid in op.outputs:
+            if tid not in sizes:
+                raise ValueError(
+                    f"op {op.name!r} writes tensor {tid}, which the trace does not list"
+                )
+            if tid in persistent_ids:
+                raise ValueError(f"op {op.name!r} lists persistent tensor {tid} as an output")
+            if tid in produced:
+                raise ValueError(f"tensor {tid} is produced twice (again by op {op.name!r})")
+            produced.add(tid)
+            last_use.setdefault(tid, i)
+            last_use[tid] = max(last_use[tid], i)
+
+    frees: list[list[int]] = [[] for _ in trace.ops]
+    step_inputs: list[tuple[int, int]] = []
+    free_at_start: list[int] = []
+    for t in trace.tensors:
+        if t.persistent or sizes[t.id] <= 0:
+            continue
+        if t.id not in produced:
+            step_inputs.append((t.id, sizes[t.id]))
+            if t.id not in last_use:
+                free_at_start.append(t.id)
+                continue
+        frees[last_use[t.id]].append(t.id)
+
+    inputs: list[tuple[int, ...]] = []
+    outputs: list[tuple[tuple[int, int], ...]] = []
+    forwards: list[tuple[tuple[int, int], ...]] = []
+    kernel_s: list[float] = []
+    for i, op in enumerate(trace.ops):
+        ins = tuple(dict.fromkeys(t for t in op.inputs if sizes[t] > 0))
+        outs = [t for t in op.outputs if sizes[t] > 0]
+        fwd: list[tuple[int, int]] = []
+        if forwarding and op.type in FORWARDING_OPS and outs:
+            out = outs[0]
+            for t in ins:
+                # Read once, by this op only: the buffer has no other reference.
+                if (
+                    t not in persistent_ids
+                    and last_use.get(t) == i
+                    and sizes[t] == sizes[out]
+                    and op.inputs.count(t) == 1
+                ):
+                    fwd.append((out, t))
+                    outs.remove(out)
+                    frees[i].remove(t)
+                    break
+        inputs.append(ins)
+        outputs.append(tuple((t, sizes[t]) for t in outs))
+        forwards.append(tuple(fwd))
+        kernel_s.append(gpu.op_seconds(float(op.flops), float(op.bytes_accessed)))
+    return StepPlan(
+        persistent=[(t.id, sizes[t.id]) for t in trace.tensors if t.persistent and sizes[t.id] > 0],
+        step_inputs=step_inputs,
+        inputs=inputs,
+        outputs=outputs,
+        frees=[tuple(f) for f in frees],
+        kernel_s=kernel_s,
+        names=[op.name for op in trace.ops],
+        free_at_start=tuple(free_at_start),
+        forwards=forwards,
+        sizes={t: b for t, b in sizes.items() if b > 0},
+    )
+
+
+def peak_live_bytes(plan: StepPlan) -> int:
+    """Largest sum of live tensor bytes (BFC-rounded) at any op: a lower bound on peak use.
+
+    A tensor is live from the start of its producing op to the end of its last
+    consumer, so an op's inputs and outputs are live together.
+    """
+    return max(live_profile(plan), default=0)
+
+
+def live_profile(plan: StepPlan) -> list[int]:
+    """Live tensor bytes (BFC-rounded) while each op runs: its inputs and outputs included."""
+    live = sum(_rounded(b) for _, b in plan.persistent)
+    live += sum(_rounded(b) for _, b in plan.step_inputs)
+    sizes = plan.sizes
+    live -= sum(_rounded(sizes[t]) for t in plan.free_at_start)
+    profile = []
+    for outs, dead in zip(plan.outputs, plan.frees, strict=True):
+        live += sum(_rounded(b) for _, b in outs)
+        profile.append(live)
+        live -= sum(_rounded(sizes[t]) for t in dead)
+    return profile
+
+
+def swap_bound_s(plan: StepPlan, device_memory: int, link_gbps: float) -> float:
+    """A lower bound on the step time of any scheme that swaps (and never recomputes).
+
+    While op p runs, live_p - device_memory bytes must be in host memory. They were
+    produced before p and are read after it, so they went out through the link
+    before p started and come back after it ended: the step takes at least
+    max(compute before p, excess / bw) + max(compute from p on, excess / bw).
+    Unlike the roofline, this bound sees that copies out and copies in cannot overlap
+    when they are forced on either side of the memory peak.
+    """
+    bw = link_gbps * 1e9
+    total = plan.compute_s
+    before = 0.0
+    bound = total
+    for live, kernel in zip(live_profile(plan), plan.kernel_s, strict=True):
+        excess = live - device_memory
+        if excess > 0:
+            x = excess / bw
+            bound = max(bound, max(before, x) + max(total - before, x))
+        before += kernel
+    return bound
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs: the knobs `tflms simulate` exposes."""
+
+    device_memory: int
+    host_memory: int
+    link_gbps: float
+    lms: bool = True
+    prefetch: bool = True
+    defrag: bool = False
+    prefetch_lookahead: int = 32
+    prefetch_budget: int = 0
+    link_latency_us: float = DEFAULT_LINK_LATENCY_US
+    # TensorFlow's default (allow_growth off) takes the GPU's memory as one region up
+    # front; with growth on, free space split across regions cannot coalesce.
+    allow_growth: bool = False
+
+    def label(self) -> str:
+        if not self.lms:
+            return "no LMS"
+        parts = ["LMS", "prefetch" if self.prefetch else "on-demand"]
+        if self.defrag:
+            parts.append("defrag")
+        return " + ".join(parts)
+
+
+@dataclasses.dataclass
+class Sample:
+    """Engine state after one op of the measured step (for the memory timeline plot)."""
+
+    t: float  # seconds since the measured step began (compute-stream clock)
+    active: int
+    inactive: int
+    reclaimed: int
+    stall: float  # cumulative compute-stream stall for page-ins, seconds
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    config: EngineConfig
+    fits: bool
+    oom_message: str = ""
+    oom_op: str = ""
+    step_time_s: float = 0.0  # host time of the measured step, streams drained
+    compute_time_s: float = 0.0  # sum of modelled kernel times
+    compute_stall_s: float = 0.0  # compute stream waiting for page-ins
+    d2h_bytes: int = 0  # bytes swapped out in the measured step
+    h2d_bytes: int = 0  # bytes swapped in in the measured step
+    d2h_busy_s: float = 0.0
+    h2d_busy_s: float = 0.0
+    stats: dict[str, int] = dataclasses.field(default_factory=dict)  # at the end
+    step_stats: dict[str, int] = dataclasses.field(default_factory=dict)  # measured-step deltas
+    samples: list[Sample] = dataclasses.field(default_factory=list)
+
+    def swap_bytes_per_direction(self) -> int:
+        return max(self.d2h_bytes, self.h2d_bytes)
+
+    def roofline_s(self, unlimited_step_s: float) -> float:
+        """max(step time with unlimited memory, bytes per direction / link bandwidth)."""
+        link_s = self.swap_bytes_per_direction() / (self.config.link_gbps * 1e9)
+        return max(unlimited_step_s, link_s)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "config": dataclasses.asdict(self.config),
+            "fits": self.fits,
+        }
+        if not self.fits:
+            out["oom_message"] = self.oom_message
+            out["oom_op"] = self.oom_op
+            return out
+        out.update(
+            step_time_s=self.step_time_s,
+            compute_time_s=self.compute_time_s,
+            compute_stall_s=self.compute_stall_s,
+            d2h_bytes=self.d2h_bytes,
+            h2d_bytes=self.h2d_bytes,
+            d2h_busy_s=self.d2h_busy_s,
+            h2d_busy_s=self.h2d_busy_s,
+            step_stats=self.step_stats,
+            peak_bytes_in_use=self.stats.get("peak_bytes_in_use", 0),
+        )
+        return out
+
+
+# Counters whose per-step change the report shows.
+STEP_COUNTERS = (
+    "bytes_reclaimed",
+    "bytes_paged_in",
+    "num_page_ins",
+    "num_single_reclaims",
+    "num_fragment_reclaims",
+    "num_full_reclaims",
+    "num_defragmentations",
+    "bytes_defragged",
+    "num_prefetches",
+    "prefetch_hits",
+    "prefetch_misses",
+    "page_in_stall_ns",
+)
+
+_TIMELINE_KEYS = ("host_time", "compute_time", "compute_stall", "d2h_busy", "h2d_busy")
+
+
+def make_engine(config: EngineConfig, gpu: GpuModel) -> Any:
+    import tflms
+
+    return tflms.Engine(
+        device_memory=config.device_memory,
+        host_memory=config.host_memory,
+        lms=config.lms,
+        defrag=config.defrag,
+        backend="sim",
+        prefetch=config.prefetch and config.lms,
+        prefetch_budget=config.prefetch_budget,
+        prefetch_lookahead=config.prefetch_lookahead,
+        allow_growth=config.allow_growth,
+        store_data=False,
+        link_gbps=config.link_gbps,
+        link_latency_us=config.link_latency_us,
+        device_gbps=gpu.device_copy_gbps,
+    )
+
+
+def replay(
+    plan: StepPlan,
+    gpu: GpuModel,
+    config: EngineConfig,
+    steps: int = 2,
+    record: bool = False,
+    on_op: Callable[[], None] | None = None,
+) -> ReplayResult:
+    """Runs `steps` training steps; measures the last. An out-of-memory error ends the replay.
+
+    `record` samples engine state after every op of the measured step;
+    `on_op` is called after every op (progress bars).
+    """
+    import tflms
+
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    # A replay that hangs inside the engine (a lost wake-up) cannot be interrupted from
+    # Python: after the watchdog's time the process prints where it stood and exits.
+    armed = _arm_watchdog(replay_timeout_s())
+    try:
+        return _replay(plan, gpu, config, steps, record, on_op, tflms)
+    finally:
+        if armed:
+            faulthandler.cancel_dump_traceback_later()
+
+
+def _arm_watchdog(seconds: float) -> bool:
+    # The process's own stderr, not a replacement (pytest's capture has no file descriptor).
+    err = sys.__stderr__
+    if seconds <= 0 or err is None:
+        return False
+    try:
+        faulthandler.dump_traceback_later(seconds, exit=True, file=err)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return True
+
+
+def replay_timeout_s() -> float:
+    return float(os.environ.get("TFLMS_REPLAY_TIMEOUT_S", "900"))
+
+
+def _replay(
+    plan: StepPlan,
+    gpu: GpuModel,
+    config: EngineConfig,
+    steps: int,
+    record: bool,
+    on_op: Callable[[], None] | None,
+    tflms: Any,
+) -> ReplayResult:
+    eng = make_engine(config, gpu)
+    launch_s = gpu.launch_overhead_us * 1e-6
+    bufs: dict[int, Any] = {}
+    result = ReplayResult(config=config, fits=True)
+    op_name = "(persistent tensors)"
+    try:
+        for tid, nbytes in plan.persistent:
+            bufs[tid] = eng.allocate(nbytes, pinned=False)
+        eng.synchronize()
+        before = eng.timeline()
+        stats_before = eng.stats()
+        for step in range(steps):
+            measured = step == steps - 1
+            if measured:
+                eng.synchronize()
+                before = eng.timeline()
+                stats_before = eng.stats()
+            eng.step_begin()
+            op_name = "(step inputs)"
+            for tid, nbytes in plan.step_inputs:
+                bufs[tid] = eng.allocate(nbytes, pinned=False)
+            for tid in plan.free_at_start:
+                eng.free(bufs.pop(tid))
+            for i, ins in enumerate(plan.inputs):
+                op_name = plan.names[i]
+                pinned = [bufs[t] for t in ins]
+                for b in pinned:
+                    eng.pin(b)
+                for out, src in plan.forwards[i]:
+                    bufs[out] = bufs.pop(src)
+                for tid, nbytes in plan.outputs[i]:
+                    b = eng.allocate(nbytes, pinned=True)
+                    bufs[tid] = b
+                    pinned.append(b)
+                eng.host_advance(launch_s)
+                eng.compute(plan.kernel_s[i])
+                if measured and record:
+                    # Sampled while the op's tensors are pinned: its working set is active.
+                    s = eng.stats()
+                    tl = eng.timeline()
+                    result.samples.append(
+                        Sample(
+                            t=tl["compute_time"] - before["compute_time"],
+                            active=s["bytes_active"],
+                            inactive=s["bytes_inactive"],
+                            reclaimed=s["current_bytes_reclaimed"],
+                            stall=tl["compute_stall"] - before["compute_stall"],
+                        )
+                    )
+                for b in pinned:
+                    eng.unpin(b)
+                for tid in plan.frees[i]:
+                    eng.free(bufs.pop(tid))
+                if on_op is not None:
+                    on_op()
+        eng.synchronize()
+    except tflms.OutOfMemoryError as exc:
+        result.fits = False
+        result.oom_message = str(exc)
+        result.oom_op = op_name
+        result.stats = eng.stats()
+        return result
+    after = eng.timeline()
+    stats_after = eng.stats()
+    result.step_time_s = after["host_time"] - before["host_time"]
+    result.compute_time_s = plan.compute_s
+    result.compute_stall_s = after["compute_stall"] - before["compute_stall"]
+    result.d2h_bytes = int(after["d2h_bytes"] - before["d2h_bytes"])
+    result.h2d_bytes = int(after["h2d_bytes"] - before["h2d_bytes"])
+    result.d2h_busy_s = after["d2h_busy"] - before["d2h_busy"]
+    result.h2d_busy_s = after["h2d_busy"] - before["h2d_busy"]
+    result.stats = dict(stats_after)
+    result.step_stats = {
+        k: int(stats_after.get(k, 0)) - int(stats_before.get(k, 0)) for k in STEP_COUNTERS
+    }
+    return result
+
+
+def unlimited_memory(plan: StepPlan) -> int:
+    """A device size no trace of this plan can exhaust (used for 'unlimited memory' runs)."""
+    return 2 * peak_live_bytes(plan) + (1 << 30)
+
+
+def replay_unlimited(
+    plan: StepPlan, gpu: GpuModel, link_gbps: float, steps: int = 2, record: bool = False
+) -> ReplayResult:
+    """The step on a GPU whose memory never runs out: the time LMS is measured against."""
+    size = unlimited_memory(plan)
+    config = EngineConfig(device_memory=size, host_memory=1 << 30, link_gbps=link_gbps, lms=False)
+    result = replay(plan, gpu, config, steps=steps, record=record)
+    if not result.fits:
+        raise RuntimeError(f"unlimited-memory replay ran out of memory: {result.oom_message}")
+    return result

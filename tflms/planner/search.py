@@ -1,0 +1,81 @@
+"""Largest batch (or input size) that fits: exponential, then binary search.
+
+Whether a size fits is monotone in practice (more samples, more bytes), so
+doubling from a starting guess brackets the answer and bisection finds it in
+about 2 log2(answer) replays. Every probe is recorded so the report can show
+how the answer was found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+
+@dataclasses.dataclass
+class SearchResult:
+    largest: int  # 0 when even the smallest value does not fit
+    probes: list[tuple[int, bool]]  # (value, fits) in probe order
+    hit_limit: bool  # the search stopped at `limit` while still fitting
+
+
+def largest_fitting(
+    fits: Callable[[int], bool],
+    start: int,
+    *,
+    known_fit: int = 0,
+    known_fail: int | None = None,
+    limit: int = 1 << 20,
+    rel_tol: float = 0.0,
+    on_probe: Callable[[int, bool], None] | None = None,
+) -> SearchResult:
+    """The largest n in [1, limit] with fits(n), assuming fits is monotone decreasing.
+
+    known_fit / known_fail: values already known to fit / not fit (skipped).
+    rel_tol: stop bisecting once the bracket is within this fraction of the answer
+    (the result still fits; it may be up to that fraction below the true largest).
+    """
+    if start < 1 or limit < 1:
+        raise ValueError("start and limit must be at least 1")
+    lo = known_fit  # largest value known to fit (0: none)
+    hi = known_fail  # smallest value known not to fit (None: none)
+    probes: list[tuple[int, bool]] = []
+
+    def probe(n: int) -> bool:
+        ok = fits(n)
+        probes.append((n, ok))
+        if on_probe is not None:
+            on_probe(n, ok)
+        return ok
+
+    n = min(max(start, lo + 1), limit)
+    if hi is not None:
+        n = min(n, hi - 1)
+    if hi is None or n > lo:
+        if probe(n):
+            lo = n
+            while hi is None and lo < limit:
+                n = min(lo * 2, limit)
+                if probe(n):
+                    lo = n
+                else:
+                    hi = n
+        else:
+            hi = n
+            while lo == 0 and hi > 1:
+                n = hi // 2
+                if probe(n):
+                    lo = n
+                else:
+                    hi = n
+            if lo == 0:
+                return SearchResult(0, probes, False)
+    if hi is None:
+        return SearchResult(lo, probes, lo >= limit)
+    while hi - lo > max(1, int(lo * rel_tol)):
+        mid = (lo + hi) // 2
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    return SearchResult(lo, probes, False)
