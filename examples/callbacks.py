@@ -38,6 +38,13 @@ COLUMNS: tuple[str, ...] = (
     "prefetch hits",
     "prefetch misses",
     "page-in stall",  # seconds the GPU waited for tensors being copied back
+    # Allocations by the allocator step that served them (they add up to "allocations").
+    "allocs from free",
+    "allocs from new region",
+    "allocs from single reclaim",
+    "allocs from fragment reclaim",
+    "allocs from full reclaim",
+    "allocs from defrag",
 )
 
 # Column -> counter name: the patched TensorFlow's tf.experimental.get_<counter>(gpu_id).
@@ -51,6 +58,12 @@ COUNTERS: dict[str, str] = {
     "prefetch hits": "prefetch_hits",
     "prefetch misses": "prefetch_misses",
     "page-in stall": "page_in_stall_ns",
+    "allocs from free": "num_allocs_from_free",
+    "allocs from new region": "num_allocs_from_new_region",
+    "allocs from single reclaim": "num_allocs_from_single_reclaim",
+    "allocs from fragment reclaim": "num_allocs_from_fragment_reclaim",
+    "allocs from full reclaim": "num_allocs_from_full_reclaim",
+    "allocs from defrag": "num_allocs_from_defrag",
 }
 
 # Absolute figures (not deltas) reported in the summary when the TensorFlow has them.
@@ -64,27 +77,42 @@ StatsReader = Callable[[], Mapping[str, int]]
 class TensorFlowLMSStats:
     """Reads the patched TensorFlow's LMS counters for one GPU.
 
+    With ``tf.experimental.get_lms_stats`` (the tflms patch) every counter comes from that one
+    call, which reads them all under the allocator's lock, so a row is one consistent snapshot
+    and has the counters without a function of their own (fragment reclaims, prefetch, stalls,
+    allocation sources). Otherwise (TFLMS v2) each counter is read with its
+    ``get_<name>(gpu_id)`` function, where one exists.
+
     ``available`` is False, with ``reason`` saying why, when the statistics cannot be read.
+
+    Args:
+        gpu_id: which GPU's allocator to read.
+        experimental: the namespace holding the ``get_*`` functions; default
+            ``tf.experimental``.
     """
 
-    def __init__(self, gpu_id: int = 0) -> None:
+    def __init__(self, gpu_id: int = 0, experimental: Any = None) -> None:
         import tensorflow as tf
 
         self.gpu_id = gpu_id
+        namespace = tf.experimental if experimental is None else experimental
+        self.all_stats: Callable[[int], Mapping[str, int]] | None = getattr(
+            namespace, "get_lms_stats", None
+        )
         self.functions: dict[str, Callable[[int], int]] = {}
         for name in (*COUNTERS.values(), *GAUGES):
-            function = getattr(tf.experimental, f"get_{name}", None)
+            function = getattr(namespace, f"get_{name}", None)
             if function is not None:
                 self.functions[name] = function
         self.reason = ""
-        if "num_allocs" not in self.functions:
+        if self.all_stats is None and "num_allocs" not in self.functions:
             self.reason = (
                 f"LMS statistics need TensorFlow built with the tflms patch; TensorFlow "
                 f"{tf.__version__} has no tf.experimental.get_num_allocs"
             )
             return
         try:
-            probe = self.functions["num_allocs"](gpu_id)
+            probe = self()["num_allocs"]
         except Exception as exc:  # the patched API raises when there is no such GPU
             self.reason = f"LMS statistics for GPU {gpu_id} are unavailable: {exc}"
             return
@@ -96,6 +124,8 @@ class TensorFlowLMSStats:
         return not self.reason
 
     def __call__(self) -> dict[str, int]:
+        if self.all_stats is not None:
+            return {str(k): int(v) for k, v in self.all_stats(self.gpu_id).items()}
         return {name: int(function(self.gpu_id)) for name, function in self.functions.items()}
 
 

@@ -150,6 +150,71 @@ def test_stats_logger_writes_step_deltas(tiny_model: tuple, tmp_path: Path) -> N
     assert ["allocations", "40.0", "10.0", "4.0"] in written
 
 
+class PatchedExperimental:
+    """The statistics functions of tf.experimental in a TensorFlow built with the tflms patch,
+    as the reader sees them: get_lms_stats returns every counter, and get_num_allocs and
+    friends read one each. Counts the calls so the test can tell which were used."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.snapshot = 0
+
+    def get_lms_stats(self, gpu_id: int = 0) -> dict[str, int]:
+        assert gpu_id == 1
+        self.calls.append("get_lms_stats")
+        self.snapshot += 1
+        n = self.snapshot
+        return {
+            "num_allocs": 6 * n,
+            "num_single_reclaims": n,
+            "num_fragment_reclaims": 2 * n,
+            "bytes_reclaimed": n * 2**30,
+            "prefetch_hits": 3 * n,
+            "page_in_stall_ns": 0,
+            "num_allocs_from_free": 3 * n,
+            "num_allocs_from_new_region": 0,
+            "num_allocs_from_single_reclaim": n,
+            "num_allocs_from_fragment_reclaim": 2 * n,
+            "num_allocs_from_full_reclaim": 0,
+            "num_allocs_from_defrag": 0,
+        }
+
+    def get_num_allocs(self, gpu_id: int = 0) -> int:
+        self.calls.append("get_num_allocs")
+        return 0
+
+
+@pytest.mark.tf
+def test_stats_source_reads_every_counter_with_one_get_lms_stats_call(
+    tiny_model: tuple, tmp_path: Path
+) -> None:
+    callbacks = import_example("callbacks")
+    api = PatchedExperimental()
+    source = callbacks.TensorFlowLMSStats(1, experimental=api)
+    assert source.available, source.reason
+    assert api.calls == ["get_lms_stats"]  # the availability probe
+    api.calls.clear()
+    model, x, y = tiny_model
+    logger = callbacks.LMSStatsLogger(tmp_path / "stats.csv", stats=source)
+    model.fit(x, y, batch_size=4, epochs=1, callbacks=[logger], verbose=0)
+    logger.close()
+    assert set(api.calls) == {"get_lms_stats"}
+    # One call at the begin and one at the end of each of the 3 steps, one for the summary.
+    assert len(api.calls) == 7, api.calls
+    rows = read_csv(tmp_path / "stats.csv")
+    col = {name: i for i, name in enumerate(rows[0])}
+    for row in rows[1:]:
+        assert row[col["allocations"]] == "6"
+        assert row[col["fragment reclaims"]] == "2"
+        assert row[col["prefetch hits"]] == "3"
+        assert float(row[col["GiB reclaimed"]]) == 1.0
+        assert row[col["allocs from free"]] == "3"
+        assert row[col["allocs from single reclaim"]] == "1"
+        assert row[col["allocs from fragment reclaim"]] == "2"
+        assert row[col["allocs from defrag"]] == "0"
+        assert row[col["full reclaims"]] == ""  # not in this snapshot
+
+
 @pytest.mark.tf
 def test_stats_source_explains_stock_tensorflow() -> None:
     callbacks = import_example("callbacks")

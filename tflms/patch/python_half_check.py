@@ -35,6 +35,12 @@ GPU_STATS = (
     "num_full_reclaims",
     "num_defragmentations",
     "bytes_defragged",
+    "num_allocs_from_free",
+    "num_allocs_from_new_region",
+    "num_allocs_from_single_reclaim",
+    "num_allocs_from_fragment_reclaim",
+    "num_allocs_from_full_reclaim",
+    "num_allocs_from_defrag",
 )
 HOST_STATS = ("gpu_host_bytes_in_use", "gpu_host_peak_bytes_in_use")
 
@@ -81,6 +87,19 @@ def main() -> None:
         assert b"\xa0\x01\x01" in data and b"\xa8\x01\x01" in data, data.hex()
         return f"fields {nums}, serialized {len(data)} bytes and parsed back"
 
+    @check("ConfigProto has gpu_options.experimental.lms_limit_bytes (int64 22, default 0)")
+    def _() -> str:
+        from google.protobuf.descriptor import FieldDescriptor
+
+        field = tf.compat.v1.GPUOptions.Experimental.DESCRIPTOR.fields_by_name["lms_limit_bytes"]
+        assert (field.number, field.type) == (22, FieldDescriptor.TYPE_INT64), field
+        cfg = tf.compat.v1.ConfigProto()
+        assert cfg.gpu_options.experimental.lms_limit_bytes == 0
+        cfg.gpu_options.experimental.lms_limit_bytes = 3 << 30
+        back = tf.compat.v1.ConfigProto.FromString(cfg.SerializeToString())
+        assert back.gpu_options.experimental.lms_limit_bytes == 3 << 30
+        return "field 22, TYPE_INT64, default 0; 3 GiB serialized and parsed back"
+
     @check("set_lms_enabled / get_lms_enabled round-trip, reach the eager context's GPUOptions")
     def _() -> str:
         ctx = context.context()
@@ -101,6 +120,59 @@ def main() -> None:
         assert tf.config.experimental.get_lms_defrag_enabled() is True
         assert context.context().config.gpu_options.experimental.lms_defrag_enabled is True
         return "True reaches context.config"
+
+    @check("set_lms_limit / get_lms_limit: signatures, validation, round-trip to GPUOptions")
+    def _() -> str:
+        ctx = context.context()
+        assert ctx._context_handle is None, "runtime already initialized"
+        exp = tf.config.experimental
+        assert str(inspect.signature(exp.set_lms_limit)) == "(nbytes)"
+        assert str(inspect.signature(exp.get_lms_limit)) == "()"
+        assert tf.compat.v1.config.experimental.set_lms_limit is exp.set_lms_limit
+        assert exp.get_lms_limit() == 0
+        for bad, error, text in (
+            (-1, ValueError, "must be 0"),
+            (255, ValueError, "at least 256 bytes"),
+            ("1GB", TypeError, "must be an int"),
+            (1.5e9, TypeError, "must be an int"),
+            (True, TypeError, "must be an int"),
+        ):
+            try:
+                exp.set_lms_limit(bad)
+            except error as e:
+                assert text in str(e), (bad, str(e))
+            else:
+                raise AssertionError(f"set_lms_limit({bad!r}) accepted")
+        assert exp.get_lms_limit() == 0, "a rejected value was stored"
+        exp.set_lms_limit(6 << 30)
+        assert exp.get_lms_limit() == 6 << 30
+        assert ctx.config.gpu_options.experimental.lms_limit_bytes == 6 << 30
+        exp.set_lms_limit(256)
+        assert ctx.config.gpu_options.experimental.lms_limit_bytes == 256
+        exp.set_lms_limit(6 << 30)
+        return "-1, 255, '1GB', 1.5e9, True rejected; 6 GiB -> context.config lms_limit_bytes"
+
+    @check("tf.experimental.reclaim_inactive: signature, clear error without a GPU")
+    def _() -> str:
+        fn = tf.experimental.reclaim_inactive
+        assert str(inspect.signature(fn)) == "(gpu_id=0)", inspect.signature(fn)
+        assert tf.compat.v1.experimental.reclaim_inactive is fn
+        assert not tf.config.list_physical_devices("GPU"), "a GPU is present"
+        try:
+            fn()
+        except RuntimeError as e:
+            message = str(e)
+            assert "no GPU is visible" in message and "reclaim_inactive" in message, message
+        else:
+            raise AssertionError("reclaim_inactive() returned without a GPU")
+        try:
+            fn(-1)
+        except ValueError as e:
+            assert "gpu_id must be a non-negative int" in str(e)
+        else:
+            raise AssertionError("negative gpu_id accepted")
+        assert context.context()._context_handle is None, "reclaim_inactive initialized TF"
+        return message
 
     @check("setters reject non-booleans with TypeError")
     def _() -> str:
@@ -180,7 +252,17 @@ def main() -> None:
         else:
             raise AssertionError("defrag change after initialization accepted")
         assert tf.config.experimental.get_lms_enabled() is True
-        return text
+        # The limit, unlike the other settings, may change at run time (with no
+        # GPU there is no allocator to pass it to, so only the value changes).
+        tf.config.experimental.set_lms_limit(1 << 30)
+        assert tf.config.experimental.get_lms_limit() == 1 << 30
+        try:
+            tf.config.experimental.set_lms_limit(-5)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("negative limit accepted after initialization")
+        return text + " | set_lms_limit(1 GiB) accepted after initialization"
 
     # The goldens of the patched API, for verify's g) (saves a TensorFlow import).
     from tflms.patch.goldens import render_all

@@ -51,6 +51,42 @@ class LmsConfigTest(test.TestCase):
     fields = config_pb2.GPUOptions.Experimental.DESCRIPTOR.fields_by_name
     self.assertEqual(fields["lms_enabled"].number, 20)
     self.assertEqual(fields["lms_defrag_enabled"].number, 21)
+    self.assertEqual(fields["lms_limit_bytes"].number, 22)
+
+  @reset_eager
+  def testLmsLimitDefaultsToWholeDeviceAndReachesContextConfig(self):
+    self.assertEqual(config.get_lms_limit(), 0)
+    gpu = context.context().config.gpu_options
+    self.assertEqual(gpu.experimental.lms_limit_bytes, 0)
+    config.set_lms_limit(8 << 30)
+    self.assertEqual(config.get_lms_limit(), 8 << 30)
+    gpu = context.context().config.gpu_options
+    self.assertEqual(gpu.experimental.lms_limit_bytes, 8 << 30)
+
+  @reset_eager
+  def testLmsLimitRejectsBadValues(self):
+    with self.assertRaisesRegex(ValueError, "must be 0"):
+      config.set_lms_limit(-1)
+    with self.assertRaisesRegex(ValueError, "at least 256 bytes"):
+      config.set_lms_limit(100)
+    with self.assertRaisesRegex(TypeError, "must be an int"):
+      config.set_lms_limit(1.0)
+    with self.assertRaisesRegex(TypeError, "must be an int"):
+      config.set_lms_limit(True)
+    self.assertEqual(config.get_lms_limit(), 0)
+
+  @reset_eager
+  def testLmsLimitReadFromContextConfigProto(self):
+    cfg = config_pb2.ConfigProto()
+    cfg.gpu_options.experimental.lms_limit_bytes = 1 << 30
+    context.context()._config = cfg  # pylint: disable=protected-access
+    self.assertEqual(config.get_lms_limit(), 1 << 30)
+
+  @reset_eager
+  def testLmsLimitMayChangeAfterInitialization(self):
+    constant_op.constant(1.0)  # initializes the runtime
+    config.set_lms_limit(1 << 30)
+    self.assertEqual(config.get_lms_limit(), 1 << 30)
 
   @reset_eager
   def testDefaultsAreOff(self):

@@ -29,6 +29,12 @@ GPU_STATS = (
     "peak_bytes_active", "bytes_reclaimed", "current_bytes_reclaimed",
     "peak_bytes_reclaimed", "num_single_reclaims", "num_full_reclaims",
     "num_defragmentations", "bytes_defragged",
+    "num_allocs_from_free", "num_allocs_from_new_region",
+    "num_allocs_from_single_reclaim", "num_allocs_from_fragment_reclaim",
+    "num_allocs_from_full_reclaim", "num_allocs_from_defrag",
+)
+ALLOC_SOURCES = tuple(
+    n for n in GPU_STATS if n.startswith("num_allocs_from_")
 )
 HOST_STATS = ("gpu_host_bytes_in_use", "gpu_host_peak_bytes_in_use")
 
@@ -39,6 +45,10 @@ class LmsStatsTest(test.TestCase):
     for name in GPU_STATS + ("lms_stats",):
       fn = getattr(config, "get_" + name)
       self.assertEqual(str(inspect.signature(fn)), "(gpu_id=0)", name)
+    self.assertEqual(
+        str(inspect.signature(config.reclaim_inactive)), "(gpu_id=0)"
+    )
+    self.assertEqual(str(inspect.signature(config.set_lms_limit)), "(nbytes)")
     for name in HOST_STATS:
       fn = getattr(config, "get_" + name)
       self.assertEqual(str(inspect.signature(fn)), "(numa_node=0)", name)
@@ -57,6 +67,8 @@ class LmsStatsTest(test.TestCase):
     for name in GPU_STATS + HOST_STATS + ("lms_stats",):
       with self.assertRaisesRegex(RuntimeError, "no GPU is visible"):
         getattr(config, "get_" + name)()
+    with self.assertRaisesRegex(RuntimeError, "reclaim_inactive: no GPU"):
+      config.reclaim_inactive()
 
   @test_util.run_gpu_only
   def testCountersWithLms(self):
@@ -75,6 +87,28 @@ class LmsStatsTest(test.TestCase):
     )
     self.assertGreaterEqual(stats["peak_bytes_in_use"], stats["bytes_in_use"])
     self.assertGreaterEqual(config.get_gpu_host_bytes_in_use(0), 0)
+    self.assertLessEqual(
+        sum(stats[n] for n in ALLOC_SOURCES), stats["num_allocs"]
+    )
+    self.assertGreater(stats["num_allocs_from_free"], 0)
+
+    # x is inactive between operations: reclaim_inactive moves it to the host,
+    # and the next use brings it back with its values.
+    before = config.get_lms_stats(0)
+    moved = config.reclaim_inactive(0)
+    after = config.get_lms_stats(0)
+    self.assertGreaterEqual(moved, 4096)
+    self.assertEqual(after["bytes_inactive"], 0)
+    self.assertEqual(
+        after["bytes_reclaimed"] - before["bytes_reclaimed"], moved
+    )
+    self.assertAllEqual(x + 1.0, [2.0] * 1024)
+
+    # The limit applies at run time; a value above the device means all of it.
+    config.set_lms_limit(1 << 20)
+    self.assertEqual(config.get_lms_limit(), 1 << 20)
+    config.set_lms_limit(stats["bytes_limit"] * 2)
+    config.set_lms_limit(0)
     del x
 
 

@@ -13,8 +13,8 @@ See the License for the specific language governing permissions and
 limitations under the License.
 ==============================================================================*/
 
-// Python binding of the Large Model Support statistics
-// (tensorflow/python/lms/lms_stats.py is its only user).
+// Python binding of the Large Model Support statistics and controls
+// (tensorflow/python/framework/config.py loads it on first use).
 //
 // Counters cross as a dict of name -> int so that the engine can add counters
 // without a change here or in the Python API (tf.experimental.get_lms_stats
@@ -25,6 +25,7 @@ limitations under the License.
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "pybind11/pybind11.h"  // from @pybind11
 #include "tensorflow/core/common_runtime/gpu/lms/lms_stats.h"
@@ -45,7 +46,7 @@ py::dict ToDict(const std::vector<std::pair<std::string, int64_t>>& items) {
 }  // namespace
 
 PYBIND11_MODULE(_pywrap_lms_stats, m) {
-  m.doc() = "Large Model Support statistics of GPU allocators.";
+  m.doc() = "Large Model Support statistics and controls of GPU allocators.";
 
   m.def(
       "get_lms_stats",
@@ -76,4 +77,33 @@ PYBIND11_MODULE(_pywrap_lms_stats, m) {
       },
       py::arg("numa_node"),
       "Returns the counters of the GPU host allocator of `numa_node`.");
+
+  m.def(
+      "set_lms_limit",
+      [](int tf_gpu_id, int64_t bytes) {
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          s = tensorflow::SetLmsLimit(tf_gpu_id, bytes);
+        }
+        tensorflow::MaybeRaiseRegisteredFromStatus(s);
+      },
+      py::arg("tf_gpu_id"), py::arg("bytes"),
+      "Makes GPU `tf_gpu_id` reclaim once `bytes` are in use (0: all).");
+
+  m.def(
+      "reclaim_inactive",
+      [](int tf_gpu_id) {
+        absl::StatusOr<int64_t> bytes;
+        {
+          // Waits for device-to-host copies; other Python threads may run.
+          py::gil_scoped_release release;
+          bytes = tensorflow::ReclaimInactive(tf_gpu_id);
+        }
+        tensorflow::MaybeRaiseRegisteredFromStatus(bytes.status());
+        return *bytes;
+      },
+      py::arg("tf_gpu_id"),
+      "Moves every inactive tensor of GPU `tf_gpu_id` to host memory; "
+      "returns the bytes moved.");
 }

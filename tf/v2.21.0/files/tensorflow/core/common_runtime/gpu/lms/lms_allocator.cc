@@ -133,6 +133,17 @@ tflms::EngineStats LmsAllocator::GetLmsStats() const {
   return engine_->GetStats();
 }
 
+absl::Status LmsAllocator::SetLmsLimit(size_t bytes) {
+  return ToAbslStatus(engine_->SetLmsLimit(bytes));
+}
+
+absl::StatusOr<size_t> LmsAllocator::ReclaimInactive() {
+  size_t bytes = 0;
+  absl::Status s = ToAbslStatus(engine_->ReclaimInactive(&bytes));
+  if (!s.ok()) return s;
+  return bytes;
+}
+
 void* LmsAllocator::AllocateMovable(size_t alignment, size_t num_bytes,
                                     const tsl::AllocationAttributes& attr,
                                     void** data) {

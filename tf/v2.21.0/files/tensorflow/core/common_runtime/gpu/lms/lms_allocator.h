@@ -25,6 +25,7 @@ limitations under the License.
 #define TENSORFLOW_CORE_COMMON_RUNTIME_GPU_LMS_LMS_ALLOCATOR_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +40,9 @@ limitations under the License.
 
 namespace tensorflow {
 namespace lms {
+
+// The smallest nonzero LMS limit: the engine's allocation granularity.
+inline constexpr int64_t kMinLmsLimit = 256;
 
 class LmsAllocator : public tsl::Allocator, public tsl::MovableAllocator {
  public:
@@ -86,6 +90,11 @@ class LmsAllocator : public tsl::Allocator, public tsl::MovableAllocator {
 
   // Every engine counter (statistics for tf.experimental.get_lms_*).
   tflms::EngineStats GetLmsStats() const;
+  // Reclaim once `bytes` of device memory are in use (0: the whole memory
+  // limit). InvalidArgument above the memory limit or below 256 bytes.
+  absl::Status SetLmsLimit(size_t bytes);
+  // Moves every inactive tensor to host memory now; returns the bytes moved.
+  absl::StatusOr<size_t> ReclaimInactive();
   // The gpu_host_bfc allocator paged-out bytes live in, once used.
   tsl::Allocator* host_allocator_if_created() const {
     return device_->host_allocator_if_created();

@@ -18,6 +18,7 @@ limitations under the License.
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -33,6 +34,7 @@ limitations under the License.
 #include "tensorflow/core/common_runtime/gpu/lms/lms_allocator.h"
 #include "tensorflow/core/common_runtime/gpu/lms/stream_executor_lms_device.h"
 #include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/protobuf/config.pb.h"
 #include "tflms/engine.h"
 #include "xla/stream_executor/gpu/gpu_init.h"
 #include "xla/stream_executor/stream_executor.h"
@@ -72,6 +74,34 @@ bool GarbageCollection() {
                                            /*default_val=*/true, &enabled);
   if (!s.ok()) LOG(ERROR) << s;
   return enabled;
+}
+
+// GPUOptions.experimental.lms_limit_bytes is one value for every GPU of the
+// process, whose memory limits may differ: at or above a GPU's limit it
+// means that GPU's whole memory (0), as it does in SetLmsLimit (lms_stats.h).
+// Values the engine would refuse fall back to 0 with an error logged, so that
+// a bad config leaves LMS working rather than the GPU without an allocator.
+size_t LmsLimit(const GPUOptions& options, size_t total_bytes, int id) {
+  // Read through reflection, by name, like the other new fields are passed in
+  // by the caller rather than read here: this file is also compiled against
+  // the released config.pb.h, which has no accessor for the field.
+  const GPUOptions::Experimental& experimental = options.experimental();
+  const google::protobuf::FieldDescriptor* field =
+      experimental.GetDescriptor()->FindFieldByName("lms_limit_bytes");
+  if (field == nullptr ||
+      field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_INT64) {
+    return 0;
+  }
+  const int64_t limit =
+      experimental.GetReflection()->GetInt64(experimental, field);
+  if (limit < 0 || (limit > 0 && limit < kMinLmsLimit)) {
+    LOG(ERROR) << "GPUOptions.experimental.lms_limit_bytes = " << limit
+               << " is ignored for GPU " << id << ": it must be 0 (the whole "
+               << "device) or at least " << kMinLmsLimit << " bytes.";
+    return 0;
+  }
+  if (static_cast<uint64_t>(limit) >= total_bytes) return 0;
+  return static_cast<size_t>(limit);
 }
 
 void WarnAboutIgnoredDebugAllocator() {
@@ -149,6 +179,7 @@ std::unique_ptr<tsl::Allocator> CreateLmsGpuAllocator(
   engine_options.fragmentation_fraction =
       options.experimental().internal_fragmentation_fraction();
   engine_options.lms_enabled = true;
+  engine_options.lms_limit = lms::LmsLimit(options, total_bytes, id);
   // The gpu_host_bfc allocator enforces TF_GPU_HOST_MEM_LIMIT_IN_MB.
   engine_options.host_memory_limit = 0;
   engine_options.defrag_enabled = defrag_enabled;
@@ -161,7 +192,11 @@ std::unique_ptr<tsl::Allocator> CreateLmsGpuAllocator(
     return nullptr;
   }
   LOG(INFO) << "Large Model Support enabled for GPU " << id << " ("
-            << (total_bytes >> 20) << " MiB, defragmentation "
+            << (total_bytes >> 20) << " MiB, reclaiming from "
+            << ((engine_options.lms_limit == 0 ? total_bytes
+                                               : engine_options.lms_limit) >>
+                20)
+            << " MiB in use, defragmentation "
             << (engine_options.defrag_enabled ? "on" : "off") << ")";
   lms::registry[id].store(allocator->get(), std::memory_order_release);
   int end = lms::registry_end.load(std::memory_order_relaxed);

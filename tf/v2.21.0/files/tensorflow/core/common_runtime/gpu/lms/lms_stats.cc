@@ -33,7 +33,9 @@ limitations under the License.
 
 namespace tensorflow {
 
-absl::StatusOr<tflms::EngineStats> GetLmsStats(int tf_gpu_id) {
+namespace {
+
+absl::StatusOr<lms::LmsAllocator*> RequireLmsAllocator(int tf_gpu_id) {
   lms::LmsAllocator* allocator = lms::FindLmsAllocator(tf_gpu_id);
   if (allocator == nullptr) {
     return absl::NotFoundError(absl::StrCat(
@@ -42,7 +44,38 @@ absl::StatusOr<tflms::EngineStats> GetLmsStats(int tf_gpu_id) {
         "(tf.config.experimental.set_lms_enabled(True) or "
         "GPUOptions.experimental.lms_enabled) before the GPU is first used"));
   }
-  return allocator->GetLmsStats();
+  return allocator;
+}
+
+}  // namespace
+
+absl::StatusOr<tflms::EngineStats> GetLmsStats(int tf_gpu_id) {
+  absl::StatusOr<lms::LmsAllocator*> allocator = RequireLmsAllocator(tf_gpu_id);
+  if (!allocator.ok()) return allocator.status();
+  return (*allocator)->GetLmsStats();
+}
+
+absl::Status SetLmsLimit(int tf_gpu_id, int64_t bytes) {
+  if (bytes < 0 || (bytes > 0 && bytes < lms::kMinLmsLimit)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the LMS limit must be 0 (the whole device) or at least ",
+                     lms::kMinLmsLimit, " bytes, got ", bytes));
+  }
+  absl::StatusOr<lms::LmsAllocator*> allocator = RequireLmsAllocator(tf_gpu_id);
+  if (!allocator.ok()) return allocator.status();
+  const int64_t device_limit = (*allocator)->GetLmsStats().bytes_limit;
+  // One value serves GPUs of different sizes; above this one's limit it
+  // means all of it.
+  if (bytes >= device_limit) bytes = 0;
+  return (*allocator)->SetLmsLimit(static_cast<size_t>(bytes));
+}
+
+absl::StatusOr<int64_t> ReclaimInactive(int tf_gpu_id) {
+  absl::StatusOr<lms::LmsAllocator*> allocator = RequireLmsAllocator(tf_gpu_id);
+  if (!allocator.ok()) return allocator.status();
+  absl::StatusOr<size_t> bytes = (*allocator)->ReclaimInactive();
+  if (!bytes.ok()) return bytes.status();
+  return static_cast<int64_t>(*bytes);
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> GetLmsStatsItems(

@@ -23,6 +23,7 @@ limitations under the License.
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "tflms/stats.h"
 
@@ -44,6 +45,19 @@ absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> GetLmsStatsItems(
 // Unavailable when that allocator keeps no statistics.
 absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> GetGpuHostStats(
     int numa_node);
+
+// Controls (tf.config.experimental.set_lms_limit, tf.experimental.
+// reclaim_inactive) share the allocator lookup and its NotFound error.
+
+// Makes the LMS allocator of TensorFlow GPU `tf_gpu_id` reclaim once `bytes`
+// of device memory are in use. 0, or a value at or above the GPU's memory
+// limit, means the whole limit, as GPUOptions.experimental.lms_limit_bytes
+// does. InvalidArgument for a negative value or one below 256 bytes.
+absl::Status SetLmsLimit(int tf_gpu_id, int64_t bytes);
+
+// Moves every inactive tensor of GPU `tf_gpu_id` to host memory now and
+// returns the bytes moved.
+absl::StatusOr<int64_t> ReclaimInactive(int tf_gpu_id);
 
 }  // namespace tensorflow
 
