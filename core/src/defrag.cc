@@ -191,9 +191,9 @@ Status Engine::Impl::Defragment(size_t* bytes_moved) {
   for (int pass = 0; pass < kMaxCompactionPasses; ++pass) {
     // Movable buffers, highest address first.
     std::vector<Buffer*> candidates;
-    for (auto& entry : buffers_) {
-      if (Movable(entry.second)) candidates.push_back(entry.second);
-    }
+    ForEachBuffer([&](Buffer* b) {
+      if (Movable(b)) candidates.push_back(b);
+    });
     std::sort(candidates.begin(), candidates.end(),
               [](Buffer* a, Buffer* b) { return a->device_ptr > b->device_ptr; });
     std::vector<std::pair<Buffer*, BfcArena::ChunkHandle>> moves;

@@ -58,12 +58,14 @@ Engine::Impl::~Impl() {
     host_pool_->Free(p.ptr);
   }
   pending_host_frees_.clear();
-  for (auto& entry : buffers_) {
-    Buffer* b = entry.second;
+  for (Buffer* b = all_head_; b != nullptr;) {
+    Buffer* next = b->all_next;
     if (b->host_ptr != nullptr) host_pool_->Free(b->host_ptr);
     delete b;
+    b = next;
   }
-  buffers_.clear();
+  all_head_ = nullptr;
+  by_id_.clear();
 }
 
 Status Engine::Impl::Init() {
@@ -274,13 +276,35 @@ Buffer* Engine::Impl::AllocateBuffer(size_t bytes, bool pinned,
   }
   b->chunk = h;
   b->device_ptr = arena_->chunk(h)->ptr;
-  buffers_.emplace(b->id, b);
+  TrackBuffer(b);
   if (!b->active()) LruPush(b);
   b->step_created = prefetch_.step;
   b->step_ordinal = prefetch_.next_ordinal++;
-  prefetch_.by_ordinal[b->step_ordinal] = b;
+  // Only prefetch resolves ordinals; without it the map would cost every
+  // allocation a hash insert for nothing.
+  if (options_.prefetch_enabled) prefetch_.by_ordinal[b->step_ordinal] = b;
   *status = Status::Ok();
   return b;
+}
+
+void Engine::Impl::TrackBuffer(Buffer* b) {
+  b->all_prev = nullptr;
+  b->all_next = all_head_;
+  if (all_head_ != nullptr) all_head_->all_prev = b;
+  all_head_ = b;
+  ++num_buffers_;
+  if (options_.prefetch_enabled) by_id_.emplace(b->id, b);
+}
+
+void Engine::Impl::UntrackBuffer(Buffer* b) {
+  if (b->all_prev != nullptr) {
+    b->all_prev->all_next = b->all_next;
+  } else {
+    all_head_ = b->all_next;
+  }
+  if (b->all_next != nullptr) b->all_next->all_prev = b->all_prev;
+  --num_buffers_;
+  if (options_.prefetch_enabled) by_id_.erase(b->id);
 }
 
 void Engine::Impl::DestroyBufferLocked(Buffer* b) {
@@ -306,7 +330,7 @@ void Engine::Impl::DestroyBufferLocked(Buffer* b) {
     b->prefetched = false;
   }
   ForgetBufferForPrefetch(b);
-  buffers_.erase(b->id);
+  UntrackBuffer(b);
   delete b;
 }
 

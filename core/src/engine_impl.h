@@ -56,6 +56,9 @@ class Buffer {
   Buffer* lru_prev = nullptr;
   Buffer* lru_next = nullptr;
   bool in_lru = false;
+  // Intrusive list of every live buffer (iteration without a hash map).
+  Buffer* all_prev = nullptr;
+  Buffer* all_next = nullptr;
   // Prefetch identity: allocation ordinal within the step that created it,
   // or -1 for buffers that outlive steps (keyed by id then).
   int64_t step_ordinal = -1;
@@ -181,8 +184,22 @@ class Engine::Impl {
   std::unique_ptr<BfcArena> arena_;    // guarded by mu_
   std::unique_ptr<HostPool> host_pool_;  // own lock
 
-  // All live buffers, by id (guarded by mu_).
-  std::unordered_map<int64_t, Buffer*> buffers_;
+  // Every live buffer (guarded by mu_). The id map is kept only with
+  // prefetch, the one user of lookups by id; a hash insert per allocation
+  // would otherwise cost a third of the allocation path.
+  Buffer* all_head_ = nullptr;
+  size_t num_buffers_ = 0;
+  std::unordered_map<int64_t, Buffer*> by_id_;
+  void TrackBuffer(Buffer* b);
+  void UntrackBuffer(Buffer* b);
+  template <typename F>
+  void ForEachBuffer(F f) const {
+    for (Buffer* b = all_head_; b != nullptr;) {
+      Buffer* next = b->all_next;  // f may not destroy b, but be safe
+      f(b);
+      b = next;
+    }
+  }
   int64_t next_buffer_id_ = 1;
   Buffer* lru_head_ = nullptr;  // oldest inactive
   Buffer* lru_tail_ = nullptr;  // newest inactive

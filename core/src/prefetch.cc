@@ -97,8 +97,8 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
       auto it = p.by_ordinal.find(k);
       if (it != p.by_ordinal.end()) next = it->second;
     } else {
-      auto it = buffers_.find(-k);
-      if (it != buffers_.end()) next = it->second;
+      auto it = by_id_.find(-k);
+      if (it != by_id_.end()) next = it->second;
     }
     if (next == nullptr || next->state != BufferState::kReclaimed ||
         next->free_requested) {
@@ -122,8 +122,8 @@ void Engine::Impl::RunPrefetch(std::unique_lock<std::mutex>& lock,
   ids.reserve(plan.size());
   for (Buffer* b : plan) ids.push_back(b->id);
   for (int64_t id : ids) {
-    auto it = buffers_.find(id);
-    if (it == buffers_.end()) continue;
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) continue;
     Buffer* b = it->second;
     if (b->state != BufferState::kReclaimed || b->free_requested) continue;
     // Evicting for a prefetch must not push out what is needed before it.

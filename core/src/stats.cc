@@ -8,6 +8,7 @@
 // chunks and buffers to prove it.
 #include <sstream>
 #include <string>
+#include <unordered_set>
 
 #include "engine_impl.h"
 
@@ -127,6 +128,9 @@ Status Engine::Impl::CheckInvariants() const {
 
   int64_t active = 0, inactive = 0;
   // Recompute activity from the chunks' owners.
+  std::unordered_set<const Buffer*> live;
+  ForEachBuffer([&](const Buffer* b) { live.insert(b); });
+  if (live.size() != num_buffers_) return Internal("buffer list is corrupt");
   bool owners_ok = true;
   arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
     for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
@@ -139,7 +143,7 @@ Status Engine::Impl::CheckInvariants() const {
       } else {
         inactive += static_cast<int64_t>(c->size);
       }
-      if (b != nullptr && buffers_.count(b->id) == 0) owners_ok = false;
+      if (b != nullptr && live.count(b) == 0) owners_ok = false;
     }
   });
   if (!owners_ok) return Internal("a chunk is owned by an unknown buffer");
@@ -155,8 +159,7 @@ Status Engine::Impl::CheckInvariants() const {
   }
   int64_t reclaimed = 0;
   size_t lru_count = 0;
-  for (const auto& entry : buffers_) {
-    const Buffer* b = entry.second;
+  for (const Buffer* b : live) {
     if (b->state == BufferState::kReclaimed) {
       if (b->resident() || b->host_ptr == nullptr) {
         return Internal("reclaimed buffer without a host copy");
