@@ -209,8 +209,7 @@ bool SimDevice::InArena(const void* ptr, size_t bytes) const {
 }
 
 Status SimDevice::EnqueueCopy(Stream* stream, void* dst, const void* src,
-                              size_t bytes, double bytes_per_second,
-                              bool host_to_device) {
+                              size_t bytes, double bytes_per_second) {
   auto* s = static_cast<SimStream*>(stream);
   const int k = Index(s->kind());
   {
@@ -233,7 +232,6 @@ Status SimDevice::EnqueueCopy(Stream* stream, void* dst, const void* src,
       clock_.d2d_bytes += static_cast<int64_t>(bytes);
     }
   }
-  (void)host_to_device;
   bool fail = false;
   int expected = fail_copies_[k].load();
   while (expected > 0 &&
@@ -257,7 +255,7 @@ Status SimDevice::CopyDeviceToHost(Stream* stream, void* host_dst,
     return InvalidArgument("device-to-host copy from outside device memory");
   }
   return EnqueueCopy(stream, host_dst, device_src, bytes,
-                     options_.link_bytes_per_second, false);
+                     options_.link_bytes_per_second);
 }
 
 Status SimDevice::CopyHostToDevice(Stream* stream, void* device_dst,
@@ -266,7 +264,7 @@ Status SimDevice::CopyHostToDevice(Stream* stream, void* device_dst,
     return InvalidArgument("host-to-device copy to outside device memory");
   }
   return EnqueueCopy(stream, device_dst, host_src, bytes,
-                     options_.link_bytes_per_second, true);
+                     options_.link_bytes_per_second);
 }
 
 Status SimDevice::CopyDeviceToDevice(Stream* stream, void* device_dst,
@@ -276,7 +274,7 @@ Status SimDevice::CopyDeviceToDevice(Stream* stream, void* device_dst,
   }
   // A device copy reads and writes device memory: half the bandwidth each.
   return EnqueueCopy(stream, device_dst, device_src, bytes,
-                     options_.device_bytes_per_second / 2, false);
+                     options_.device_bytes_per_second / 2);
 }
 
 EventRef SimDevice::RecordEvent(Stream* stream, Status* status) {

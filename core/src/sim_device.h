@@ -108,7 +108,7 @@ class SimDevice : public Device {
 
  private:
   Status EnqueueCopy(Stream* stream, void* dst, const void* src, size_t bytes,
-                     double bytes_per_second, bool host_to_device);
+                     double bytes_per_second);
   bool InArena(const void* ptr, size_t bytes) const;
 
   const SimOptions options_;
