@@ -36,7 +36,7 @@ class Engine:
         *,
         prefetch: bool = False,
         prefetch_budget: int = 0,
-        prefetch_lookahead: int = 32,
+        prefetch_lookahead: int = 256,
         allow_growth: bool = True,
         lms_limit: int = 0,
         store_data: bool = True,

@@ -51,7 +51,7 @@ def add_parsers(sub: Any) -> None:
     eng.add_argument("--defrag", action="store_true", help="enable defragmentation")
     eng.add_argument("--steps", type=int, default=2, help="steps replayed; the last is measured")
     eng.add_argument(
-        "--prefetch-lookahead", type=int, default=32, help="pins prefetch looks ahead (32)"
+        "--prefetch-lookahead", type=int, default=256, help="pins prefetch looks ahead (256)"
     )
     eng.add_argument(
         "--prefetch-budget", help="bytes prefetch may hold ahead of use (default: memory / 8)"

@@ -215,7 +215,7 @@ class EngineConfig:
     lms: bool = True
     prefetch: bool = True
     defrag: bool = False
-    prefetch_lookahead: int = 32
+    prefetch_lookahead: int = 256
     prefetch_budget: int = 0
     link_latency_us: float = DEFAULT_LINK_LATENCY_US
     # TensorFlow's default (allow_growth off) takes the GPU's memory as one region up

@@ -41,7 +41,7 @@ class Machine:
     link_name: str
     link_gbps: float
     host_memory: int
-    prefetch_lookahead: int = 32
+    prefetch_lookahead: int = 256
     prefetch_budget: int = 0
 
     def config(

@@ -69,7 +69,7 @@ struct EngineOptions {
   // steps) and page in the next buffers ahead of use.
   bool prefetch_enabled = false;
   size_t prefetch_budget_bytes = 0;  // 0 = memory_limit / 8
-  int prefetch_lookahead = 32;       // pins looked ahead
+  int prefetch_lookahead = 256;      // pins looked ahead
 };
 
 class Buffer;  // Opaque; owned by the engine between AllocateBuffer and Free.
