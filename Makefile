@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(CORE_SRCS) $(CORE_HDRS) tflms/_nat
 install: $(VENV)/.installed ## Create .venv, build the engine extension, install tflms + TensorFlow (CPU)
 
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
-test: install cpp-test $(if $(HAVE_NVCC),cuda-test) lint ## Every test: C++ engine, CUDA build, ruff, pytest, patch verification
+test: install cpp-test sanitize $(if $(HAVE_NVCC),cuda-test) lint ## Every test: C++ engine (plain, ASan+UBSan, TSan), CUDA build, ruff, pytest, patch verification
 	$(PY) -m pytest -q -m "not slow" tests
 	$(MAKE) verify
 
