@@ -184,3 +184,83 @@ def test_lms_limit_reclaims_before_the_device_is_full() -> None:
         eng.set_lms_limit(8 * MiB)
     for b in bufs + more:
         eng.free(b)
+
+
+@pytest.mark.parametrize("extra", [1, MiB, (1 << 63) - 1 - MiB])
+def test_request_larger_than_the_device_fails_at_once_and_moves_nothing(extra: int) -> None:
+    eng = tflms.Engine(device_memory=MiB, host_memory=16 * MiB)
+    bufs = [eng.allocate(256 * 1024) for _ in range(3)]
+    for i, b in enumerate(bufs):
+        b.write(bytes([i]) * 256 * 1024)
+    before = eng.stats()
+    assert before["bytes_inactive"] > 0
+    with pytest.raises(tflms.OutOfMemoryError) as err:
+        eng.allocate(MiB + extra)
+    message = str(err.value)
+    assert "exceeds the device memory limit" in message
+    assert f"{MiB + extra} bytes" in message and f"{MiB} bytes" in message
+    after = eng.stats()
+    assert after["num_ooms"] == before["num_ooms"] + 1
+    assert {k: v for k, v in after.items() if k != "num_ooms"} == {
+        k: v for k, v in before.items() if k != "num_ooms"
+    }
+    assert all(b.resident for b in bufs)
+    assert [b.read() for b in bufs] == [bytes([i]) * 256 * 1024 for i in range(3)]
+    eng.check_invariants()
+
+
+# What clear_stats keeps: current values and limits. Peaks restart from the current
+# value; every other counter is cumulative and restarts from zero.
+_CURRENT = {
+    "bytes_in_use": "peak_bytes_in_use",
+    "bytes_reserved": "peak_bytes_reserved",
+    "bytes_active": "peak_bytes_active",
+    "current_bytes_reclaimed": "peak_bytes_reclaimed",
+    "host_bytes_in_use": "host_peak_bytes_in_use",
+}
+_KEPT = {*_CURRENT, "bytes_inactive", "bytes_limit", "bytes_reservable_limit", "host_bytes_limit"}
+
+
+def test_clear_stats_restarts_peaks_from_now_and_counters_from_zero() -> None:
+    eng = tflms.Engine(device_memory=MiB, host_memory=16 * MiB, defrag=True)
+    bufs = [eng.allocate(256 * 1024) for _ in range(8)]  # 2x the device: reclaims
+    for i, b in enumerate(bufs):
+        b.write(bytes([i]) * 256 * 1024)
+    pinned = eng.allocate(300 * 1024, pinned=True)
+    with pytest.raises(tflms.OutOfMemoryError):
+        eng.allocate(2 * MiB)
+    eng.unpin(pinned)
+    for b in bufs[:4]:
+        eng.free(b)
+    before = eng.stats()
+    for key in ("num_allocs", "bytes_reclaimed", "num_page_ins", "num_ooms"):
+        assert before[key] > 0, key
+    assert before["host_peak_bytes_in_use"] > before["host_bytes_in_use"]
+    assert before["peak_bytes_active"] > before["bytes_active"]
+
+    eng.clear_stats()
+    after = eng.stats()
+    assert after.keys() == before.keys()
+    for key, value in after.items():
+        if key in _KEPT:
+            assert value == before[key], key
+        elif key in _CURRENT.values():
+            current = next(c for c, p in _CURRENT.items() if p == key)
+            assert value == before[current], key
+        else:
+            assert value == 0, key  # cumulative counters and largest_alloc_size
+    eng.check_invariants()
+
+    # Counting restarts from here, and peaks grow again from the current values.
+    extra = eng.allocate(100_000, pinned=True)
+    again = eng.stats()
+    assert again["num_allocs"] >= 1
+    assert again["largest_alloc_size"] >= 100_000
+    for current, peak in _CURRENT.items():
+        assert again[peak] >= again[current], peak
+    assert again["peak_bytes_active"] > after["peak_bytes_active"]
+    assert [b.read() for b in bufs[4:]] == [bytes([i]) * 256 * 1024 for i in range(4, 8)]
+    eng.unpin(extra)
+    for b in [*bufs[4:], pinned, extra]:
+        eng.free(b)
+    eng.check_invariants()

@@ -113,6 +113,16 @@ class Engine:
     def stats(self) -> dict[str, int]:
         return dict(self._engine.stats())
 
+    def clear_stats(self) -> None:
+        """Starts a new measurement period, like TensorFlow's ``reset_memory_stats``.
+
+        Peaks restart from the current values, ``largest_alloc_size`` and every
+        cumulative counter (``num_allocs``, reclaims, page-ins, bytes moved, prefetch,
+        stall times, allocation sources, ``num_ooms``) from zero. Current values and
+        limits are unchanged; buffers are not touched.
+        """
+        self._engine.clear_stats()
+
     def defragment(self) -> int:
         """Compacts device memory; returns the number of bytes moved."""
         return int(self._engine.defragment())

@@ -48,6 +48,13 @@ BfcArena::~BfcArena() {
   for (Region& r : regions_) sub_->Free(r.ptr, r.size);
 }
 
+void BfcArena::ClearStats() {
+  num_allocs_ = 0;
+  largest_alloc_size_ = 0;
+  peak_bytes_in_use_ = bytes_in_use_;
+  peak_bytes_reserved_ = total_region_allocated_bytes_;
+}
+
 size_t BfcArena::RoundedBytes(size_t bytes) {
   return (std::max(bytes, kMinAllocationSize) + kMinAllocationSize - 1) &
          ~(kMinAllocationSize - 1);

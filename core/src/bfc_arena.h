@@ -117,6 +117,9 @@ class BfcArena {
   size_t bytes_reserved() const { return total_region_allocated_bytes_; }
   size_t peak_bytes_reserved() const { return peak_bytes_reserved_; }
   int64_t num_allocs() const { return num_allocs_; }
+  // tsl::BFCAllocator::ClearStats, plus the reserved peak: num_allocs and
+  // largest_alloc_size to 0, peaks to the current values.
+  void ClearStats();
   size_t LargestFreeChunk() const;
   size_t TotalFreeBytes() const;
   // Count of chunks (for invariant checks).

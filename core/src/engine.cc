@@ -112,9 +112,25 @@ Status Engine::Impl::SetLmsLimit(size_t bytes) {
   return Status::Ok();
 }
 
+bool Engine::Impl::RejectLargerThanDevice(size_t bytes, Status* status) {
+  // Regions are whole 256-byte units (BfcArena::Extend), so this is the
+  // largest chunk the arena can ever hand out. Comparing the unrounded
+  // request with it is exact, since it is a multiple of 256, and cannot
+  // overflow, unlike RoundedBytes(bytes) for bytes near SIZE_MAX.
+  const size_t largest_possible =
+      options_.memory_limit & ~(BfcArena::kMinAllocationSize - 1);
+  if (bytes <= largest_possible) return false;
+  *status = ResourceExhausted(LargerThanDeviceMessage(bytes));
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_.num_ooms;  // an OOM as TensorFlow's BFC would report it
+  return true;
+}
+
 BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
     std::unique_lock<std::mutex>& lock, size_t bytes, Buffer* owner,
     AllocSource max_source, Status* status, size_t protect_until) {
+  // Callers passed RejectLargerThanDevice (buffers were created through it),
+  // so rounding cannot overflow here.
   const size_t rounded = BfcArena::RoundedBytes(bytes);
   auto find = [&](bool respect_limit) {
     if (respect_limit && options_.lms_enabled &&
@@ -225,6 +241,7 @@ void* Engine::Impl::AllocateRaw(size_t bytes, Status* status) {
     *status = InvalidArgument("allocation size must be positive");
     return nullptr;
   }
+  if (RejectLargerThanDevice(bytes, status)) return nullptr;
   std::unique_lock<std::mutex> lock(mu_);
   BfcArena::ChunkHandle h =
       AllocateChunk(lock, bytes, nullptr, AllocSource::kFullReclaim, status);
@@ -263,6 +280,7 @@ Buffer* Engine::Impl::AllocateBuffer(size_t bytes, bool pinned,
     *status = InvalidArgument("buffer size must be positive");
     return nullptr;
   }
+  if (RejectLargerThanDevice(bytes, status)) return nullptr;
   auto* b = new Buffer();
   b->size = bytes;
   b->pin_count = pinned ? 1 : 0;
@@ -422,6 +440,7 @@ Status Engine::Defragment(size_t* bytes_moved) {
 void Engine::StepBegin() { impl_->StepBegin(); }
 Status Engine::SetLmsLimit(size_t bytes) { return impl_->SetLmsLimit(bytes); }
 EngineStats Engine::GetStats() const { return impl_->GetStats(); }
+void Engine::ClearStats() { impl_->ClearStats(); }
 void Engine::GetFreeSpace(size_t* largest_free, size_t* total_free) const {
   std::lock_guard<std::mutex> lock(impl_->mu_);
   *largest_free = impl_->arena_->LargestFreeChunk();

@@ -93,6 +93,12 @@ class Engine::Impl {
   Buffer* AllocateBuffer(size_t bytes, bool pinned, Status* status);
   Status FreeBuffer(Buffer* b);
   Status SetLmsLimit(size_t bytes);
+  // True, with *status set and num_ooms counted, when `bytes` can never fit
+  // in the device: it exceeds memory_limit once rounded to 256-byte units.
+  // Checked before anything else, so that such a request neither pages out
+  // the inactive buffers for nothing nor wraps RoundedBytes around.
+  // Takes mu_.
+  bool RejectLargerThanDevice(size_t bytes, Status* status);
   // Obtains a chunk for `owner` climbing the ladder up to `max_source`.
   // Called with `lock` held; may release and retake it while copying.
   // A single-reclaim victim must not be needed at or before pin position
@@ -161,9 +167,12 @@ class Engine::Impl {
 
   // ---- stats.cc ----
   EngineStats GetStats() const;
+  void ClearStats();
   Status CheckInvariants() const;
   std::string OutOfMemoryMessage(size_t bytes, size_t rounded,
                                  const Status& host_status) const;
+  // For a request that exceeds the device (RejectLargerThanDevice).
+  std::string LargerThanDeviceMessage(size_t bytes) const;
   int64_t NowNs() const;
   // Accounts `delta` chunk bytes owned by `owner` (nullptr: raw) as active
   // or inactive according to owner->active().
@@ -217,7 +226,10 @@ class Engine::Impl {
   // allocation that found nothing to reclaim waits for them to settle.
   int transitions_in_flight_ = 0;
 
-  // Counters (guarded by mu_). BFC counters live in arena_.
+  // Counters (guarded by mu_). BFC counters live in arena_. ClearStats
+  // resets this to a default EngineStats, keeping only the fields listed
+  // there: a new field here is a cumulative counter unless ClearStats says
+  // otherwise.
   EngineStats counters_;
   int64_t bytes_active_ = 0;
   int64_t bytes_inactive_ = 0;

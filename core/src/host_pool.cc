@@ -55,4 +55,9 @@ size_t HostPool::peak_bytes_in_use() const {
   return arena_->peak_bytes_in_use();
 }
 
+void HostPool::ClearStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  arena_->ClearStats();
+}
+
 }  // namespace tflms

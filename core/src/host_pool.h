@@ -38,6 +38,8 @@ class HostPool {
   size_t limit() const { return limit_; }
   size_t bytes_in_use() const;
   size_t peak_bytes_in_use() const;
+  // Restarts the peak from the bytes in use now (Engine::ClearStats).
+  void ClearStats();
 
  private:
   class HostSubAllocator : public SubAllocator {

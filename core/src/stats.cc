@@ -192,6 +192,36 @@ Status Engine::Impl::CheckInvariants() const {
   return Status::Ok();
 }
 
+std::string Engine::Impl::LargerThanDeviceMessage(size_t bytes) const {
+  const size_t limit = options_.memory_limit;
+  std::ostringstream m;
+  m << "Out of memory on " << options_.name << " allocating " << bytes
+    << " bytes: the request exceeds the device memory limit of " << limit
+    << " bytes";
+  if (bytes <= limit) {
+    // Only the rounding makes it too large; bytes <= limit cannot overflow.
+    m << " once rounded to the allocator's 256-byte units ("
+      << BfcArena::RoundedBytes(bytes) << " bytes)";
+  }
+  m << ", so no tensor was moved to host memory: nothing could make room for "
+       "it. Reduce the size of this tensor (batch or model size) or give the "
+       "device a larger memory limit.";
+  return m.str();
+}
+
+void Engine::Impl::ClearStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  arena_->ClearStats();
+  host_pool_->ClearStats();
+  // Everything in counters_ is cumulative except current_bytes_reclaimed
+  // (state) and the peaks, which restart from the current values.
+  const int64_t current_reclaimed = counters_.current_bytes_reclaimed;
+  counters_ = EngineStats();
+  counters_.current_bytes_reclaimed = current_reclaimed;
+  counters_.peak_bytes_reclaimed = current_reclaimed;
+  counters_.peak_bytes_active = bytes_active_;
+}
+
 std::string Engine::Impl::OutOfMemoryMessage(size_t bytes, size_t rounded,
                                              const Status& host_status) const {
   const size_t largest = arena_->LargestFreeChunk();

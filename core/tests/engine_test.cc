@@ -5,6 +5,8 @@
 // counters: a buffer's content is a function of (id, generation) and is
 // verified after every kind of move.
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -166,6 +168,276 @@ TEST(LmsOffFailsAtOnceWithHint) {
   EXPECT(s.code() == Code::kResourceExhausted);
   EXPECT(s.message().find("set_lms_enabled") != std::string::npos);
   for (Buffer* b : bufs) EXPECT_OK(f.engine_->FreeBuffer(b));
+}
+
+// Every statistic but num_ooms, to prove a rejected request touched nothing.
+bool SameStatsButOoms(const EngineStats& a, const EngineStats& b) {
+  const auto ia = a.Items();
+  const auto ib = b.Items();
+  bool same = ia.size() == ib.size();
+  for (size_t i = 0; same && i < ia.size(); ++i) {
+    if (ia[i].first == "num_ooms") continue;
+    if (ia[i] != ib[i]) {
+      std::fprintf(stderr, "  %s changed: %lld -> %lld\n", ia[i].first.c_str(),
+                   static_cast<long long>(ia[i].second),
+                   static_cast<long long>(ib[i].second));
+      same = false;
+    }
+  }
+  return same;
+}
+
+bool Contains(const Status& s, const std::string& text) {
+  if (s.message().find(text) != std::string::npos) return true;
+  std::fprintf(stderr, "  \"%s\" not in: %s\n", text.c_str(),
+               s.ToString().c_str());
+  return false;
+}
+
+TEST(OverflowingRequestIsRejectedTouchingNothing) {
+  // Sizes whose 256-byte rounding wraps around size_t must not become a
+  // zero-size chunk.
+  Fixture f(1 * kMiB, 16 * kMiB);
+  Status s;
+  Buffer* keep = f.engine_->AllocateBuffer(4096, false, &s);
+  EXPECT_OK(s);
+  const std::string data = Pattern(4096, 11);
+  EXPECT_OK(f.engine_->WriteBuffer(keep, 0, data.data(), data.size()));
+  const EngineStats before = f.engine_->GetStats();
+  const size_t sizes[] = {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 255,
+                          SIZE_MAX / 2 + 1};
+  for (size_t bytes : sizes) {
+    s = Status::Ok();
+    void* raw = f.engine_->AllocateRaw(bytes, &s);
+    EXPECT(raw == nullptr);
+    EXPECT(s.code() == Code::kResourceExhausted);
+    EXPECT(Contains(s, "exceeds the device memory limit"));
+    if (raw != nullptr) f.engine_->DeallocateRaw(raw);
+    s = Status::Ok();
+    Buffer* b = f.engine_->AllocateBuffer(bytes, false, &s);
+    EXPECT(b == nullptr);
+    EXPECT(s.code() == Code::kResourceExhausted);
+    EXPECT(Contains(s, "exceeds the device memory limit"));
+    if (b != nullptr) (void)f.engine_->FreeBuffer(b);
+  }
+  const EngineStats after = f.engine_->GetStats();
+  EXPECT(SameStatsButOoms(before, after));
+  EXPECT(after.num_ooms == before.num_ooms + 8);
+  EXPECT_OK(f.engine_->CheckInvariants());
+  EXPECT(f.engine_->GetBufferState(keep) == BufferState::kResident);
+  EXPECT(Holds(f.engine_.get(), keep, data));
+  EXPECT_OK(f.engine_->FreeBuffer(keep));
+}
+
+TEST(RequestLargerThanDeviceFailsAtOncePagingNothingOut) {
+  Fixture f(1 * kMiB, 16 * kMiB);
+  Status s;
+  std::vector<Buffer*> bufs;
+  std::vector<std::string> data;
+  for (int i = 0; i < 3; ++i) {
+    Buffer* b = f.engine_->AllocateBuffer(256 * 1024, false, &s);
+    EXPECT_OK(s);
+    if (b == nullptr) return;
+    data.push_back(Pattern(256 * 1024, 40 + i));
+    EXPECT_OK(f.engine_->WriteBuffer(b, 0, data.back().data(), 256 * 1024));
+    bufs.push_back(b);
+  }
+  const EngineStats before = f.engine_->GetStats();
+  EXPECT(before.bytes_inactive > 0 && before.bytes_reclaimed == 0);
+
+  Buffer* big = f.engine_->AllocateBuffer(kMiB + 1, false, &s);
+  EXPECT(big == nullptr && s.code() == Code::kResourceExhausted);
+  EXPECT(Contains(s, "exceeds the device memory limit"));
+  EXPECT(Contains(s, std::to_string(kMiB + 1) + " bytes"));
+  EXPECT(Contains(s, std::to_string(kMiB) + " bytes"));
+  if (big != nullptr) (void)f.engine_->FreeBuffer(big);
+  void* raw = f.engine_->AllocateRaw(2 * kMiB, &s);
+  EXPECT(raw == nullptr && s.code() == Code::kResourceExhausted);
+  EXPECT(Contains(s, "exceeds the device memory limit"));
+  if (raw != nullptr) f.engine_->DeallocateRaw(raw);
+
+  const EngineStats after = f.engine_->GetStats();
+  EXPECT(after.bytes_reclaimed == before.bytes_reclaimed);
+  EXPECT(after.num_single_reclaims == 0 && after.num_fragment_reclaims == 0 &&
+         after.num_full_reclaims == 0 && after.num_reclaim_failures == 0);
+  EXPECT(SameStatsButOoms(before, after));
+  EXPECT(after.num_ooms == before.num_ooms + 2);
+  for (Buffer* b : bufs) {
+    EXPECT(f.engine_->GetBufferState(b) == BufferState::kResident);
+  }
+
+  // The whole device is still a valid request: it reclaims and succeeds.
+  Buffer* whole = f.engine_->AllocateBuffer(kMiB, true, &s);
+  EXPECT_OK(s);
+  EXPECT(whole != nullptr);
+  if (whole != nullptr) {
+    EXPECT_OK(f.engine_->Unpin(whole));
+    EXPECT_OK(f.engine_->FreeBuffer(whole));
+  }
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    EXPECT(Holds(f.engine_.get(), bufs[i], data[i]));
+    EXPECT_OK(f.engine_->FreeBuffer(bufs[i]));
+  }
+  EXPECT_OK(f.engine_->CheckInvariants());
+}
+
+TEST(RequestThatOnlyRoundingMakesTooLargeIsRejected) {
+  // A limit that is not a multiple of 256: regions are whole 256-byte units,
+  // so limit - 50 bytes can never be served, with or without LMS.
+  for (bool lms : {true, false}) {
+    Fixture f(kMiB + 100, 16 * kMiB, lms);
+    Status s;
+    Buffer* b = f.engine_->AllocateBuffer(kMiB + 50, false, &s);
+    EXPECT(b == nullptr && s.code() == Code::kResourceExhausted);
+    EXPECT(Contains(s, "exceeds the device memory limit of " +
+                           std::to_string(kMiB + 100) + " bytes"));
+    EXPECT(Contains(s, std::to_string(kMiB + 256) + " bytes"));
+    if (b != nullptr) (void)f.engine_->FreeBuffer(b);
+    void* raw = f.engine_->AllocateRaw(kMiB, &s);  // the usable maximum
+    EXPECT_OK(s);
+    EXPECT(raw != nullptr);
+    f.engine_->DeallocateRaw(raw);
+  }
+}
+
+TEST(ClearStatsRestartsPeaksAndCountersButKeepsState) {
+  Fixture f(1 * kMiB, 16 * kMiB, /*lms=*/true, /*defrag=*/true);
+  Status s;
+  std::vector<Buffer*> bufs;
+  std::vector<std::string> data;
+  for (int i = 0; i < 8; ++i) {  // twice the device: reclaims and page-ins
+    Buffer* b = f.engine_->AllocateBuffer(256 * 1024, false, &s);
+    EXPECT_OK(s);
+    if (b == nullptr) return;
+    data.push_back(Pattern(256 * 1024, 60 + i));
+    EXPECT_OK(f.engine_->WriteBuffer(b, 0, data.back().data(), 256 * 1024));
+    bufs.push_back(b);
+  }
+  for (int i = 0; i < 8; ++i) EXPECT(Holds(f.engine_.get(), bufs[i], data[i]));
+  EXPECT(f.engine_->AllocateRaw(2 * kMiB, &s) == nullptr);  // one OOM
+  // Takes the last free bytes (a reclaim) and gives them back: in use drops
+  // below its peak.
+  void* scratch = f.engine_->AllocateRaw(256 * 1024, &s);
+  EXPECT_OK(s);
+  f.engine_->DeallocateRaw(scratch);
+  for (int i = 0; i < 4; ++i) EXPECT_OK(f.engine_->FreeBuffer(bufs[i]));
+  const EngineStats before = f.engine_->GetStats();
+  EXPECT(before.num_allocs > 0 && before.bytes_reclaimed > 0 &&
+         before.num_page_ins > 0 && before.num_ooms > 0 &&
+         before.largest_alloc_size > 0);
+  EXPECT(before.peak_bytes_in_use > before.bytes_in_use);
+  EXPECT(before.peak_bytes_active > before.bytes_active);
+  EXPECT(before.host_peak_bytes_in_use > before.host_bytes_in_use);
+
+  f.engine_->ClearStats();
+  const EngineStats after = f.engine_->GetStats();
+  // State stays.
+  EXPECT(after.bytes_in_use == before.bytes_in_use);
+  EXPECT(after.bytes_reserved == before.bytes_reserved);
+  EXPECT(after.bytes_active == before.bytes_active);
+  EXPECT(after.bytes_inactive == before.bytes_inactive);
+  EXPECT(after.current_bytes_reclaimed == before.current_bytes_reclaimed);
+  EXPECT(after.host_bytes_in_use == before.host_bytes_in_use);
+  EXPECT(after.bytes_limit == before.bytes_limit);
+  EXPECT(after.host_bytes_limit == before.host_bytes_limit);
+  // Peaks restart from the current values.
+  EXPECT(after.peak_bytes_in_use == after.bytes_in_use);
+  EXPECT(after.peak_bytes_reserved == after.bytes_reserved);
+  EXPECT(after.peak_bytes_active == after.bytes_active);
+  EXPECT(after.peak_bytes_reclaimed == after.current_bytes_reclaimed);
+  EXPECT(after.host_peak_bytes_in_use == after.host_bytes_in_use);
+  // Everything else (as tsl: num_allocs, largest_alloc_size) restarts at 0.
+  const std::vector<std::string> kept = {
+      "bytes_in_use",           "peak_bytes_in_use",
+      "bytes_limit",            "bytes_reserved",
+      "peak_bytes_reserved",    "bytes_reservable_limit",
+      "bytes_inactive",         "bytes_active",
+      "peak_bytes_active",      "current_bytes_reclaimed",
+      "peak_bytes_reclaimed",   "host_bytes_in_use",
+      "host_peak_bytes_in_use", "host_bytes_limit"};
+  for (const auto& item : after.Items()) {
+    bool is_kept = false;
+    for (const std::string& k : kept) is_kept = is_kept || k == item.first;
+    if (!is_kept && item.second != 0) {
+      std::fprintf(stderr, "  %s is %lld after ClearStats\n",
+                   item.first.c_str(), static_cast<long long>(item.second));
+      EXPECT(item.second == 0);
+    }
+  }
+  EXPECT_OK(f.engine_->CheckInvariants());
+
+  // Counting starts over; data and buffers were not touched.
+  void* raw = f.engine_->AllocateRaw(1000, &s);
+  EXPECT_OK(s);
+  EngineStats again = f.engine_->GetStats();
+  EXPECT(again.num_allocs == 1 && again.largest_alloc_size == 1024);
+  EXPECT(again.num_allocs_from_free + again.num_allocs_from_new_region == 1);
+  EXPECT(again.peak_bytes_in_use == again.bytes_in_use);
+  EXPECT(again.peak_bytes_active == again.bytes_active);
+  f.engine_->DeallocateRaw(raw);
+  for (int i = 4; i < 8; ++i) {
+    EXPECT(Holds(f.engine_.get(), bufs[i], data[i]));
+    EXPECT_OK(f.engine_->FreeBuffer(bufs[i]));
+  }
+  EXPECT_OK(f.engine_->CheckInvariants());
+}
+
+TEST(ClearStatsDuringTrafficKeepsTheSnapshotInvariants) {
+  // Page-outs settle with the lock released; a clear in between must not
+  // leave a peak below its current value or lose a counted byte.
+  Fixture f(2 * kMiB, 64 * kMiB);
+  std::atomic<bool> stop{false};
+  std::atomic<int> corruptions{0};
+  auto worker = [&](int t) {
+    std::minstd_rand rng(t);
+    std::vector<std::pair<Buffer*, std::string>> mine;
+    for (int op = 0; op < 300; ++op) {
+      if (rng() % 3 != 0 || mine.empty()) {
+        const size_t size = 1024 + rng() % (128 * 1024);
+        Status s;
+        Buffer* b = f.engine_->AllocateBuffer(size, false, &s);
+        if (b == nullptr) continue;
+        std::string d = Pattern(size, t * 100000 + op);
+        (void)f.engine_->WriteBuffer(b, 0, d.data(), size);
+        mine.emplace_back(b, std::move(d));
+      } else {
+        const size_t i = rng() % mine.size();
+        if (!Holds(f.engine_.get(), mine[i].first, mine[i].second)) {
+          ++corruptions;
+        }
+        (void)f.engine_->FreeBuffer(mine[i].first);
+        mine.erase(mine.begin() + i);
+      }
+    }
+    for (auto& m : mine) (void)f.engine_->FreeBuffer(m.first);
+  };
+  int bad_snapshots = 0;
+  std::thread clearer([&] {
+    while (!stop) {
+      f.engine_->ClearStats();
+      const EngineStats st = f.engine_->GetStats();
+      if (st.peak_bytes_in_use < st.bytes_in_use ||
+          st.peak_bytes_reserved < st.bytes_reserved ||
+          st.peak_bytes_active < st.bytes_active ||
+          st.peak_bytes_reclaimed < st.current_bytes_reclaimed ||
+          st.host_peak_bytes_in_use < st.host_bytes_in_use ||
+          st.bytes_active + st.bytes_inactive != st.bytes_in_use ||
+          st.current_bytes_reclaimed > st.host_bytes_in_use) {
+        ++bad_snapshots;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  stop = true;
+  clearer.join();
+  EXPECT(bad_snapshots == 0);
+  EXPECT(corruptions == 0);
+  EXPECT_OK(f.engine_->CheckInvariants());
+  const EngineStats st = f.engine_->GetStats();
+  EXPECT(st.bytes_in_use == 0 && st.current_bytes_reclaimed == 0);
 }
 
 TEST(PinnedBuffersAreNeverReclaimed) {

@@ -341,6 +341,11 @@ PYBIND11_MODULE(_core, m) {
       .def("pin", &PyEngine::Pin)
       .def("unpin", &PyEngine::Unpin)
       .def("stats", &PyEngine::Stats)
+      .def("clear_stats",
+           [](PyEngine& e) {
+             py::gil_scoped_release release;
+             e.holder().engine->ClearStats();
+           })
       .def("defragment", &PyEngine::Defragment)
       .def("reclaim_inactive", &PyEngine::ReclaimInactive)
       .def("step_begin",

@@ -91,6 +91,10 @@ class Engine {
   const EngineOptions& options() const;
 
   // ---- Raw allocations (never moved) ----
+  // A request larger than options().memory_limit (after rounding to 256
+  // bytes), here and in AllocateBuffer, fails at once with
+  // kResourceExhausted: no reclaim could ever make room for it, so nothing is
+  // paged out and nothing but num_ooms changes.
   void* AllocateRaw(size_t bytes, Status* status);
   void DeallocateRaw(void* ptr);
   size_t RequestedSize(const void* ptr) const;
@@ -135,6 +139,22 @@ class Engine {
 
   // ---- Observation ----
   EngineStats GetStats() const;
+  // Starts a new measurement period; it is what tsl::Allocator::ClearStats
+  // (behind tf.config.experimental.reset_memory_stats) should forward to:
+  //   * peaks restart from the current value: peak_bytes_in_use,
+  //     peak_bytes_reserved, peak_bytes_active, peak_bytes_reclaimed,
+  //     host_peak_bytes_in_use;
+  //   * num_allocs and largest_alloc_size become 0, as in
+  //     tsl::BFCAllocator::ClearStats;
+  //   * every other counter is cumulative (reclaims, page-ins, bytes moved,
+  //     prefetch hits, stall times, allocation sources, OOMs) and becomes 0;
+  //   * current values and limits (bytes_in_use, bytes_reserved,
+  //     bytes_active, bytes_inactive, current_bytes_reclaimed,
+  //     host_bytes_in_use, *_limit) are state, not statistics, and stay.
+  // tsl's ClearStats leaves peak_bytes_reserved alone; resetting it too keeps
+  // every peak a maximum over the same period. The invariants of stats.h hold
+  // right after the call. Buffers, chunks and prefetch state are untouched.
+  void ClearStats();
   // Largest free chunk and total free bytes in the arena.
   void GetFreeSpace(size_t* largest_free, size_t* total_free) const;
   // Walks every chunk and buffer and checks the invariants the statistics
