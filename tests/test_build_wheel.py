@@ -232,6 +232,12 @@ def messages(req: Requirements, facts: HostFacts) -> list[str]:
 
 def test_a_good_host_passes(tmp_path: Path) -> None:
     assert run_checks(good_req(tmp_path), good_facts(tmp_path)) == []
+    results = preflight.check_results(good_req(tmp_path), good_facts(tmp_path))
+    assert [(r.name, r.problems, r.summary.split(":")[0]) for r in results] == [
+        ("tools", [], "ok"), ("python", [], "ok"), ("patch", [], "ok"), ("disk", [], "ok"),
+        ("memory", [], "ok"), ("tag", [], "ok"), ("tree", [], "not needed"),
+    ]  # fmt: skip
+    assert results[0].summary == "ok: git at /usr/bin/git, bazelisk at /usr/bin/bazelisk"
 
 
 def test_each_missing_tool_is_named_with_what_to_install(tmp_path: Path) -> None:
@@ -276,6 +282,9 @@ def test_python_patch_and_tag_checks(tmp_path: Path) -> None:
     facts = good_facts(tmp_path)
     missing = good_req(tmp_path, patch_file=tmp_path / "nope.patch")
     assert "no LMS patch for TensorFlow 2.21.0" in messages(missing, facts)[0]
+    assert "tflms has patches for these tags: none" in messages(missing, facts)[0]
+    (tmp_path / "tensorflow_v2.21.0_large_model_support.patch").write_text("x")
+    assert "for these tags: v2.21.0. Pass one" in messages(missing, facts)[0]
     assert "has no tag v2.99.0" in messages(good_req(tmp_path, tf_version="2.99.0"), facts)[0]
     facts.remote_tags, facts.remote_error = None, "Could not resolve host: github.com"
     assert "--tf-source DIR" in messages(good_req(tmp_path), facts)[0]
@@ -491,15 +500,58 @@ def test_cli_reports_missing_tools_without_network(tmp_path: Path) -> None:
 
 
 def test_build_wheel_script_dry_run(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "bazelisk").write_text("#!/bin/sh\nexit 0\n")  # never run by a dry run
+    (bin_dir / "bazelisk").chmod(0o755)
     proc = subprocess.run(
         [str(REPO / "scripts" / "build_wheel.sh"), "--cpu", "--dry-run", "--no-progress",
-         "--output", str(tmp_path / "o"), "--tf-repo", "file:///nonexistent"],
+         "--output", str(tmp_path / "o"), "--tf-repo", "file:///nonexistent",
+         "--min-disk-gb", "0", "--min-mem-gb", "0"],
         capture_output=True, text=True, timeout=120,
-        env={"PATH": "/usr/bin:/bin", "TFLMS_PYTHON": sys.executable},
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "TFLMS_PYTHON": sys.executable},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "+ git clone --depth 1 --branch v2.21.0" in proc.stdout
     assert "--repo_env=WHEEL_NAME=tensorflow_cpu" in proc.stdout
+    assert "pre-flight patch: ok: " in proc.stderr
+
+
+def test_dry_run_fails_after_printing_every_check_and_command(
+    build_env: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rc, _, err = run(build_env, capsys, dry_run=True)
+    assert rc == 0, err
+    checks = [line.split(":")[0] for line in err.splitlines() if line.startswith("pre-flight ")]
+    names = ["tools", "python", "patch", "disk", "memory", "tag", "tree"]
+    assert checks == [f"pre-flight {n}" for n in names]
+    assert f"pre-flight patch: ok: {build_env['patch']}" in err
+
+    # No bazelisk and a version without a patch: both are reported, every command is still
+    # printed, and the run fails so that scripts can rely on the exit status.
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    missing = build_env["out"] / "patches" / "tensorflow_v2.99.0_large_model_support.patch"
+    rc, out, err = run(build_env, capsys, dry_run=True, tf_version="2.99.0", patch_file=missing)
+    assert rc == 1
+    assert "pre-flight bazelisk: a real run would stop here: neither bazelisk" in err
+    assert "pre-flight patch: a real run would stop here: no LMS patch for TensorFlow 2.99.0" in err
+    assert "pre-flight python: ok: " in err and "pre-flight tree: not needed" in err
+    assert "dry run: 2 pre-flight check(s) would stop a real run (bazelisk, patch)" in err
+    assert "+ git clone --depth 1 --branch v2.99.0" in out and "bazelisk build" in out
+    assert not build_env["out"].exists() and bazel_calls(build_env) == 0
+
+
+def test_cli_dry_run_names_the_tags_that_have_a_patch(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tflms", "build-wheel", "--tf-version", "2.99.0", "--cpu",
+         "--dry-run", "--no-progress", "--output", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "no LMS patch for TensorFlow 2.99.0 (tag v2.99.0)" in proc.stderr
+    assert "tflms has patches for these tags: v2.21.0." in proc.stderr
+    assert "would stop a real run" in proc.stderr.splitlines()[-1]
 
 
 def test_build_wheel_turns_apply_failures_into_a_message(

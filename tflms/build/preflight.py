@@ -189,17 +189,26 @@ def check_python(req: Requirements, facts: HostFacts) -> list[Problem]:
     ]
 
 
+def patched_tags(patch_dir: Path) -> list[str]:
+    """The TensorFlow tags that have an LMS patch in `patch_dir` (v2.21.0, ...)."""
+    tags = []
+    for p in sorted(patch_dir.glob("tensorflow_v*_large_model_support.patch")):
+        tags.append(p.name.removeprefix("tensorflow_").removesuffix("_large_model_support.patch"))
+    return tags
+
+
 def check_patch(req: Requirements, facts: HostFacts) -> list[Problem]:
     if req.patch_file.is_file():
         return []
-    known = sorted(p.name for p in req.patch_file.parent.glob("tensorflow_v*.patch"))
-    have = ", ".join(known) if known else "none"
+    tags = patched_tags(req.patch_file.parent)
+    have = ", ".join(tags) if tags else "none"
     return [
         Problem(
             "patch",
-            f"no LMS patch for TensorFlow {req.tf_version} at {req.patch_file} (patches there: "
-            f"{have}): generate it in a tflms checkout with `tflms patch generate --tf-version "
-            f"{req.tf_version}`, or pass a --tf-version that has one.",
+            f"no LMS patch for TensorFlow {req.tf_version} (tag {req.tag}) at {req.patch_file}; "
+            f"tflms has patches for these tags: {have}. Pass one of them to --tf-version, or "
+            f"generate the patch in a tflms checkout with `tflms patch generate --tf-version "
+            f"{req.tf_version}`.",
         )
     ]
 
@@ -280,6 +289,73 @@ def run_checks(req: Requirements, facts: HostFacts) -> list[Problem]:
     for check in CHECKS:
         problems.extend(check(req, facts))
     return problems
+
+
+# ---- every check's outcome, for the report printed before a run or in a dry run ----
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str  # tools, python, patch, disk, memory, tag, tree
+    problems: list[Problem]
+    summary: str  # what was found, "ok: ..." or "not checked: ..."; shown when no problem
+
+
+def _tools_summary(req: Requirements, facts: HostFacts) -> str:
+    names = (
+        ("git", "docker")
+        if req.docker
+        else ("git", "bazelisk" if facts.tools.get("bazelisk") else "bazel")
+    )
+    return "ok: " + ", ".join(f"{n} at {facts.tools.get(n)}" for n in names)
+
+
+def _tag_summary(req: Requirements, facts: HostFacts) -> str:
+    if req.tf_source_given:
+        return "not needed: the TensorFlow checkout is given or already cloned"
+    if facts.remote_tags is None:
+        if not facts.tools.get("git"):
+            return "not checked: TensorFlow's tags cannot be listed without git"
+        return "not checked: TensorFlow's tags were not listed (a dry run does not query them)"
+    return f"ok: {req.tag} exists at the TensorFlow repository"
+
+
+def _tree_summary(req: Requirements, facts: HostFacts) -> str:
+    tree = facts.tree
+    if tree is None:
+        return f"not needed: {req.tag} is cloned fresh"
+    version = f" of TensorFlow {tree.tf_version}" if tree.tf_version else ""
+    changes = " (its changes are accepted: --allow-dirty, or our patch)" if tree.dirty_files else ""
+    return f"ok: {tree.path} is a git checkout{version}{changes}"
+
+
+_SUMMARIES: tuple[tuple[str, Callable[[Requirements, HostFacts], str]], ...] = (
+    ("tools", _tools_summary),
+    ("python", lambda req, facts: "ok: Python " + ".".join(map(str, facts.python_version))),
+    ("patch", lambda req, facts: f"ok: {req.patch_file}"),
+    (
+        "disk",
+        lambda req, facts: (
+            f"ok: {facts.disk_free_bytes / GIB:.1f} GiB free at "
+            f"{facts.disk_path}, {req.disk_gib:g} GiB needed"
+        ),
+    ),
+    (
+        "memory",
+        lambda req, facts: f"ok: {facts.mem_total_bytes / GIB:.1f} GiB, {req.mem_gib:g} GiB needed",
+    ),
+    ("tag", _tag_summary),
+    ("tree", _tree_summary),
+)
+
+
+def check_results(req: Requirements, facts: HostFacts) -> list[CheckResult]:
+    """Every check in CHECKS' order, with its problems or, when it has none, what it found."""
+    results = []
+    for check, (name, summary) in zip(CHECKS, _SUMMARIES, strict=True):
+        problems = check(req, facts)
+        results.append(CheckResult(name, problems, "" if problems else summary(req, facts)))
+    return results
 
 
 # ---- gathering facts from the real machine ----

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from tflms import _data
 from tflms.build import preflight
 from tflms.build.runner import StepFailed, StepRunner, bazel_progress, git_progress
 from tflms.build.state import BuildState, file_sha256
@@ -51,12 +52,8 @@ class BuildError(RuntimeError):
 
 
 def default_patch_file(tf_version: str) -> Path:
-    try:
-        from tflms.patch import patch_path
-    except ImportError:
-        root = Path(__file__).resolve().parents[2]
-        return root / "patches" / f"tensorflow_v{tf_version}_large_model_support.patch"
-    return patch_path(tf_version)
+    """The checkout's patches/ copy, or in an installed tflms the one the package carries."""
+    return _data.patch_file(tf_version)
 
 
 @dataclass
@@ -184,6 +181,9 @@ class WheelBuilder:
         )
 
     def preflight(self) -> list[preflight.Problem]:
+        return [p for r in self.preflight_results() for p in r.problems]
+
+    def preflight_results(self) -> list[preflight.CheckResult]:
         cloned = self.state.is_done("clone", self._clone_inputs())
         if cloned and not self.opts.src.is_dir() and not self.opts.dry_run:
             self.state.forget_from("clone")  # the user removed the clone: start again
@@ -199,18 +199,22 @@ class WheelBuilder:
         if self.opts.dry_run and self.opts.tf_source is None and not cloned:
             argv = ["git", "ls-remote", "--tags", self.opts.tf_repo_url, f"refs/tags/{req.tag}"]
             self.runner.say("+ " + shlex.join(argv))
-        return preflight.run_checks(req, facts)
+        return preflight.check_results(req, facts)
 
     # ---- the pipeline ----
 
     def run(self) -> Path | None:
-        problems = self.preflight()
-        fatal = [p for p in problems if p.fatal]
-        for p in problems:
-            kind = "error" if p.fatal else "warning"
-            if self.opts.dry_run and p.fatal:
-                kind = "a real run would stop here"
-            print(f"pre-flight {p.check}: {kind}: {p.message}", file=sys.stderr)
+        """Runs the pipeline; in a dry run prints it, and fails after it if a real run would."""
+        results = self.preflight_results()
+        for result in results:
+            if not result.problems:
+                print(f"pre-flight {result.name}: {result.summary}", file=sys.stderr)
+            for p in result.problems:
+                kind = "error" if p.fatal else "warning"
+                if self.opts.dry_run and p.fatal:
+                    kind = "a real run would stop here"
+                print(f"pre-flight {p.check}: {kind}: {p.message}", file=sys.stderr)
+        fatal = [p for r in results for p in r.problems if p.fatal]
         if fatal and not self.opts.dry_run:
             raise BuildError(f"{len(fatal)} pre-flight check(s) failed; nothing was started.")
         if not self.opts.dry_run:
@@ -219,6 +223,11 @@ class WheelBuilder:
         self.stage_apply()
         suffix_ok = self.stage_configure()
         built = self.stage_build(suffix_ok)
+        if fatal:  # a dry run: every check and command is printed, and scripts see the failure
+            failed = ", ".join(dict.fromkeys(p.check for p in fatal))
+            raise BuildError(
+                f"dry run: {len(fatal)} pre-flight check(s) would stop a real run ({failed})."
+            )
         return self.stage_rename(built)
 
     def _skip(self, stage: str, inputs: dict[str, object]) -> bool:

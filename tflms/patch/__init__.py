@@ -1,6 +1,7 @@
 """The TensorFlow patch: generate it from core/ and tf/, apply it, verify it.
 
-Layout read by the generator (per TensorFlow tag):
+Layout read by the generator (per TensorFlow tag), in the checkout or, installed, in the copy
+the package carries (tflms/_data.py):
   tf/v<version>/files/<path in TF>   new files, added verbatim
   tf/v<version>/diffs/NN-<name>.diff  hunks on existing TF files, in name order
   tf/v<version>/COMMIT_MESSAGE        subject line, blank line, body
@@ -10,6 +11,8 @@ Layout read by the generator (per TensorFlow tag):
 from __future__ import annotations
 
 from pathlib import Path
+
+from tflms import _data
 
 SUPPORTED_VERSIONS = ("2.21.0",)
 
@@ -22,7 +25,23 @@ ENGINE_EXCLUDED_PREFIXES = ("sim_device", "cuda_device")
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+    """Where patches/, tf/ and core/ are read from: the checkout, or the installed copy."""
+    return _data.source_root()
+
+
+class NotACheckout(RuntimeError):
+    """Something must be written into a tflms checkout, and this package is not in one."""
+
+
+def checkout_patch_path(version: str) -> Path:
+    """Where `tflms patch generate` writes the patch: the checkout's patches/."""
+    root = _data.checkout_root()
+    if root is None:
+        raise NotACheckout(
+            f"tflms runs from an installed copy ({_data.PACKAGE_DIR}), not from a checkout, "
+            "so there is no patches/ to write to: pass --output FILE, or run it in a checkout"
+        )
+    return patch_path(version, root)
 
 
 def tf_dir(version: str, root: Path | None = None) -> Path:
@@ -30,7 +49,7 @@ def tf_dir(version: str, root: Path | None = None) -> Path:
 
 
 def patch_path(version: str, root: Path | None = None) -> Path:
-    return (root or repo_root()) / "patches" / f"tensorflow_v{version}_large_model_support.patch"
+    return _data.patch_file(version, root)
 
 
 def check_version(version: str) -> None:

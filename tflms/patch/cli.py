@@ -7,7 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from tflms.patch import SUPPORTED_VERSIONS, patch_path, repo_root
+from tflms._data import checkout_root
+from tflms.patch import SUPPORTED_VERSIONS, NotACheckout, checkout_patch_path, patch_path
 
 DEFAULT_VERSION = SUPPORTED_VERSIONS[-1]
 
@@ -15,8 +16,12 @@ DEFAULT_VERSION = SUPPORTED_VERSIONS[-1]
 def _generate(args: argparse.Namespace) -> int:
     from tflms.patch.generate import generate
 
+    try:
+        dest = Path(args.output) if args.output else checkout_patch_path(args.tf_version)
+    except NotACheckout as e:
+        print(f"tflms patch generate: {e}", file=sys.stderr)
+        return 1
     text = generate(args.tf_version)
-    dest = Path(args.output) if args.output else patch_path(args.tf_version)
     if args.output and dest.exists() and not args.force:
         print(f"{dest} exists; pass --force to overwrite it", file=sys.stderr)
         return 1
@@ -128,9 +133,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         required=True,
         help="TensorFlow git checkout at the release tag, with no local changes",
     )
-    app.add_argument("--patch", help="patch file (default: the one in patches/)")
+    app.add_argument("--patch", help="patch file (default: the one tflms carries)")
     app.set_defaults(func=_apply)
 
+    # In a checkout the report and the log go where they always have; installed, under the
+    # current directory (never into site-packages).
+    checkout = checkout_root()
     ver = sub.add_parser(
         "verify",
         help="verify the patch against the tensorflow-cpu wheel and write docs/verification.md",
@@ -138,15 +146,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     version_arg(ver)
     ver.add_argument(
         "--report",
-        default=str(repo_root() / "docs" / "verification.md"),
-        help="where to write the report (default docs/verification.md)",
+        default=str(checkout / "docs" / "verification.md") if checkout else "verification.md",
+        help="where to write the report (default docs/verification.md in a checkout, "
+        "./verification.md otherwise)",
     )
     ver.add_argument("--jobs", type=int, default=2, help="parallel compiles (default 2)")
     ver.add_argument("--no-compile", action="store_true", help="skip b) (C++ compiles)")
     ver.add_argument("--work", help="keep intermediate files in this directory")
     ver.add_argument(
         "--log",
-        default=str(repo_root() / ".cache" / "tflms-verify.log"),
+        default=str((checkout or Path()) / ".cache" / "tflms-verify.log"),
         help="log file (default .cache/tflms-verify.log)",
     )
     ver.set_defaults(func=_verify)

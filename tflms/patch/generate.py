@@ -13,6 +13,7 @@ from tflms.patch import (
     ENGINE_DIR,
     ENGINE_EXCLUDED_PREFIXES,
     check_version,
+    checkout_patch_path,
     patch_path,
     repo_root,
     tf_dir,
@@ -138,7 +139,7 @@ def generate(version: str, root: Path | None = None) -> str:
 
 def write_patch(version: str, root: Path | None = None, out: Path | None = None) -> Path:
     text = generate(version, root)
-    dest = out or patch_path(version, root)
+    dest = out or (patch_path(version, root) if root else checkout_patch_path(version))
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(text)
     return dest
