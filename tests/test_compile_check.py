@@ -30,7 +30,7 @@ from tflms.patch.compile_check import (
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION = "2.21.0"
-ADAPTER_HEADER = "tensorflow/core/common_runtime/gpu/lms/lms_allocator.h"
+ADAPTER_HEADER = "tensorflow/core/common_runtime/lms/lms_allocator.h"
 
 pytestmark = pytest.mark.tf
 
@@ -48,10 +48,13 @@ def test_overlay_holds_new_files_and_patched_wheel_headers(
     rel = {t.relative_to(dest).as_posix() for t in targets}
     assert ADAPTER_HEADER in rel
     assert "tensorflow/core/framework/movable_tensor_buffer.cc" in rel
-    # third_party/xla/xla/... in the TF tree is xla/... in the wheel.
-    assert "xla/tsl/framework/allocator.h" in rel
-    assert "class MovableAllocator" in (dest / "xla/tsl/framework/allocator.h").read_text()
-    assert "std::atomic<void*> data_;" in (dest / "tensorflow/core/framework/tensor.h").read_text()
+    # The patched wheel headers: tensor.h (atomic data_, no new virtual) and
+    # tensor_array.h; tsl's allocator.h is left as it is (ABI).
+    tensor_h = (dest / "tensorflow/core/framework/tensor.h").read_text()
+    assert "std::atomic<void*> data_;" in tensor_h
+    assert "virtual MovableTensorBuffer" not in tensor_h
+    assert "xla/tsl/framework/allocator.h" not in rel
+    assert "ForEachTensor" in (dest / "tensorflow/core/kernels/tensor_array.h").read_text()
     # The engine goes in verbatim and is compiled like every added file.
     assert "tensorflow/core/common_runtime/gpu/lms/core/include/tflms/engine.h" in rel
 
@@ -109,7 +112,9 @@ inline void* Alloc64(size_t n) {
 }
 
 namespace tensorflow {
-class MovingAllocator : public Allocator, public tsl::MovableAllocator {
+// As strict as the engine: freeing a pinned buffer or unpinning an unpinned
+// one is counted, and the test fails on any.
+class MovingAllocator : public Allocator, public MovableAllocator {
  public:
   struct Block {
     void* ptr;
@@ -120,7 +125,6 @@ class MovingAllocator : public Allocator, public tsl::MovableAllocator {
   std::string Name() override { return "moving"; }
   void* AllocateRaw(size_t, size_t n) override { return Alloc64(n); }
   void DeallocateRaw(void* p) override { std::free(p); }
-  tsl::MovableAllocator* AsMovableAllocator() override { return this; }
   void* AllocateMovable(size_t, size_t n, const AllocationAttributes&,
                         void** data) override {
     auto* b = new Block{Alloc64(n), n, 1, false};
@@ -130,6 +134,7 @@ class MovingAllocator : public Allocator, public tsl::MovableAllocator {
   }
   void DeallocateMovable(void* h) override {
     auto* b = static_cast<Block*>(h);
+    if (b->pins != 0) ++violations;
     std::free(b->ptr);
     delete b;
     --live;
@@ -141,7 +146,11 @@ class MovingAllocator : public Allocator, public tsl::MovableAllocator {
     *data = b->ptr;
     return absl::OkStatus();
   }
-  void UnpinMovable(void* h) override { --static_cast<Block*>(h)->pins; }
+  void UnpinMovable(void* h) override {
+    auto* b = static_cast<Block*>(h);
+    if (b->pins <= 0) ++violations;
+    --b->pins;
+  }
   absl::Status MakeUnmovable(void* h, void** data) override {
     auto* b = static_cast<Block*>(h);
     if (b->pins == 0 && !b->unmovable) Move(b);
@@ -160,6 +169,7 @@ class MovingAllocator : public Allocator, public tsl::MovableAllocator {
     b->ptr = f;
   }
   int live = 0;
+  int violations = 0;
 };
 }  // namespace tensorflow
 
@@ -173,8 +183,8 @@ using namespace tensorflow;
   } while (0)
 
 int main() {
-  MovableTensorBufferUtil::Enable();
   MovingAllocator a;
+  EXPECT(RegisterMovableAllocator(&a, &a));
   {
     AllocationAttributes attr;
     TensorBuffer* buf =
@@ -208,6 +218,8 @@ int main() {
     EXPECT(a.live == 1);
   }
   EXPECT(a.live == 0);
+  EXPECT(a.violations == 0);
+  UnregisterMovableAllocator(&a);
   std::printf("runtime smoke test passed\n");
   return 0;
 }

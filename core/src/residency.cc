@@ -25,6 +25,8 @@
 //     the chunk's previous owner, which the host already freed.
 //   * Pin never returns while the buffer is in a transient state: it waits
 //     on cv_, so no kernel ever sees a half-moved buffer.
+//   * MarkUnmovable returns only after the bytes are resident (host-side
+//     wait), since an escaped address is read outside every stream.
 #include <chrono>
 #include <string>
 
@@ -331,6 +333,17 @@ Status Engine::Impl::Unpin(Buffer* b) {
 
 Status Engine::Impl::MarkUnmovable(Buffer* b, void** device_ptr) {
   TFLMS_RETURN_IF_ERROR(Pin(b, device_ptr));
+  // The address escapes to readers no stream orders (DLPack consumers, the
+  // C API): return only once a page-in that Pin enqueued has landed, which
+  // the compute stream waits for.
+  Status status;
+  EventRef landed =
+      device_->RecordEvent(device_->GetStream(StreamKind::kCompute), &status);
+  if (status.ok() && landed) status = device_->SynchronizeEvent(landed);
+  if (!status.ok()) {
+    Unpin(b);
+    return status;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const bool was_active = b->active();
   b->unmovable = true;

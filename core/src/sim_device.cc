@@ -7,6 +7,7 @@
 #include "sim_device.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -239,7 +240,11 @@ Status SimDevice::EnqueueCopy(Stream* stream, void* dst, const void* src,
   }
   fail = expected > 0;
   const bool store = options_.store_data;
-  s->Enqueue([s, dst, src, bytes, fail, store] {
+  const int delay_us = copy_delay_us_[k].load();
+  s->Enqueue([s, dst, src, bytes, fail, store, delay_us] {
+    if (delay_us > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    }
     if (fail) {
       s->SetError(Internal("simulated copy failure (fault injection)"));
       return;
@@ -356,6 +361,10 @@ Status SimDevice::WriteDeviceSync(void* device_dst, const void* host_src,
 
 void SimDevice::FailNextCopies(StreamKind kind, int n) {
   fail_copies_[Index(kind)] = n;
+}
+
+void SimDevice::DelayCopies(StreamKind kind, int microseconds) {
+  copy_delay_us_[Index(kind)] = microseconds;
 }
 
 void SimDevice::Compute(double seconds) {

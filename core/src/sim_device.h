@@ -89,6 +89,9 @@ class SimDevice : public Device {
   // ---- fault injection ----
   // The next `n` copies enqueued on streams of `kind` fail asynchronously.
   void FailNextCopies(StreamKind kind, int n);
+  // Every later copy on streams of `kind` first sleeps this long (really, not
+  // on the modelled clock), so tests can catch readers that do not wait.
+  void DelayCopies(StreamKind kind, int microseconds);
   void RefuseDeviceAllocations(bool refuse) { refuse_device_ = refuse; }
   void RefuseHostAllocations(bool refuse) { refuse_host_ = refuse; }
 
@@ -121,6 +124,7 @@ class SimDevice : public Device {
   std::atomic<bool> refuse_device_{false};
   std::atomic<bool> refuse_host_{false};
   std::atomic<int> fail_copies_[3];
+  std::atomic<int> copy_delay_us_[3] = {0, 0, 0};
   std::atomic<int64_t> host_bytes_allocated_{0};
   std::atomic<uintptr_t> next_fake_host_{uintptr_t{1} << 44};
 

@@ -637,6 +637,37 @@ TEST(UnmovableBufferIsNeverMovedOrReclaimed) {
   EXPECT_OK(f.engine_->CheckInvariants());
 }
 
+// An escaped address (DLPack, the C API) is read by code no stream orders:
+// MarkUnmovable must return with the bytes already there, even when the
+// page-in it starts is slow.
+TEST(MarkUnmovableReturnsOnlyOnceTheBytesHaveLanded) {
+  Fixture f(1 * kMiB, 16 * kMiB);
+  Status s;
+  const size_t size = 256 * 1024;
+  Buffer* b = f.engine_->AllocateBuffer(size, false, &s);
+  const std::string pattern = Pattern(size, 7);
+  EXPECT_OK(f.engine_->WriteBuffer(b, 0, pattern.data(), size));
+  size_t reclaimed = 0;
+  EXPECT_OK(f.engine_->ReclaimInactive(&reclaimed));
+  EXPECT(f.engine_->GetBufferState(b) == BufferState::kReclaimed);
+  // Scribble over all free device memory, so stale bytes cannot pass.
+  void* scratch = f.engine_->AllocateRaw(1 * kMiB - 256, &s);
+  if (scratch == nullptr) scratch = f.engine_->AllocateRaw(size, &s);
+  EXPECT(scratch != nullptr);
+  if (scratch != nullptr) {
+    std::memset(scratch, 0x5A, f.engine_->AllocatedSize(scratch));
+    f.engine_->DeallocateRaw(scratch);
+  }
+  f.device_->DelayCopies(StreamKind::kHostToDevice, 200 * 1000);
+  void* addr = nullptr;
+  EXPECT_OK(f.engine_->MarkUnmovable(b, &addr));
+  EXPECT(addr != nullptr);
+  if (addr != nullptr) EXPECT(std::memcmp(addr, pattern.data(), size) == 0);
+  f.device_->DelayCopies(StreamKind::kHostToDevice, 0);
+  EXPECT_OK(f.engine_->FreeBuffer(b));
+  EXPECT_OK(f.engine_->CheckInvariants());
+}
+
 TEST(PrefetchLearnsTheStepAndHits) {
   Fixture f(1 * kMiB, 32 * kMiB, true, false, /*prefetch=*/true,
             /*prefetch_budget=*/512 * 1024);

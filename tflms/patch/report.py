@@ -160,6 +160,9 @@ def render_report(result: VerifyResult) -> str:
     if notes:
         lines += ["", "## Notes", ""]
         lines += [f"- `{f.path}`: {n}" for f, n in notes]
+    from tflms.tfcpu.coverage import render as render_tfcpu  # noqa: PLC0415
+
+    lines += ["", *render_tfcpu()]
     lines += ["", "## c) Python checks", ""]
     if result.proto_fields:
         lines.append("config_pb2 descriptor extended with: " + ", ".join(result.proto_fields) + ".")

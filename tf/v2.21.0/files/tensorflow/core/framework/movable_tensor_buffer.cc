@@ -15,9 +15,11 @@ limitations under the License.
 
 #include "tensorflow/core/framework/movable_tensor_buffer.h"
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <typeinfo>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -26,11 +28,68 @@ limitations under the License.
 #include "tensorflow/core/platform/logging.h"
 
 namespace tensorflow {
+namespace {
+
+// The registry of movable allocators: one entry per LMS device, written when
+// the device's allocator is created. Lookups (every tensor allocation with
+// LMS on) scan the live prefix without a lock; registration is rare and
+// takes a free slot with a compare-and-swap.
+constexpr int kMaxMovableAllocators = 64;
+struct RegistryEntry {
+  std::atomic<const Allocator*> allocator{nullptr};
+  std::atomic<MovableAllocator*> movable{nullptr};
+};
+std::array<RegistryEntry, kMaxMovableAllocators> registry;
+// One past the highest slot ever used.
+std::atomic<int> registry_end{0};
+
+}  // namespace
 
 std::atomic<bool> MovableTensorBufferUtil::enabled_{false};
 
+bool RegisterMovableAllocator(const Allocator* allocator,
+                              MovableAllocator* movable) {
+  for (int i = 0; i < kMaxMovableAllocators; ++i) {
+    const Allocator* expected = nullptr;
+    if (!registry[i].allocator.compare_exchange_strong(
+            expected, allocator, std::memory_order_acq_rel)) {
+      continue;
+    }
+    registry[i].movable.store(movable, std::memory_order_release);
+    int end = registry_end.load(std::memory_order_relaxed);
+    while (end < i + 1 && !registry_end.compare_exchange_weak(
+                              end, i + 1, std::memory_order_acq_rel)) {
+    }
+    // From here on Tensor's constructors look for movable allocators.
+    MovableTensorBufferUtil::enabled_.store(true, std::memory_order_relaxed);
+    return true;
+  }
+  return false;
+}
+
+void UnregisterMovableAllocator(const Allocator* allocator) {
+  const int end = registry_end.load(std::memory_order_acquire);
+  for (int i = 0; i < end; ++i) {
+    if (registry[i].allocator.load(std::memory_order_acquire) == allocator) {
+      registry[i].movable.store(nullptr, std::memory_order_release);
+      registry[i].allocator.store(nullptr, std::memory_order_release);
+    }
+  }
+}
+
+MovableAllocator* FindMovableAllocator(const Allocator* allocator) {
+  if (allocator == nullptr) return nullptr;
+  const int end = registry_end.load(std::memory_order_acquire);
+  for (int i = 0; i < end; ++i) {
+    if (registry[i].allocator.load(std::memory_order_acquire) == allocator) {
+      return registry[i].movable.load(std::memory_order_acquire);
+    }
+  }
+  return nullptr;
+}
+
 MovableTensorBuffer* MovableTensorBuffer::Allocate(
-    Allocator* allocator, tsl::MovableAllocator* movable, size_t num_bytes,
+    Allocator* allocator, MovableAllocator* movable, size_t num_bytes,
     const AllocationAttributes& attr) {
   void* data = nullptr;
   void* handle = movable->AllocateMovable(Allocator::kAllocatorAlignment,
@@ -39,8 +98,20 @@ MovableTensorBuffer* MovableTensorBuffer::Allocate(
   return new MovableTensorBuffer(allocator, movable, handle, data, num_bytes);
 }
 
+MovableTensorBuffer* MovableTensorBuffer::FromBuffer(TensorBuffer* buffer) {
+#if defined(__GXX_RTTI) || defined(_CPPRTTI)
+  // The class is final and its type_info is emitted once, with its key
+  // function below, so this is a comparison of two type_info objects.
+  if (buffer != nullptr && typeid(*buffer) == typeid(MovableTensorBuffer)) {
+    return static_cast<MovableTensorBuffer*>(buffer);
+  }
+#endif
+  // Without RTTI no movable buffer is ever created (see MaybeAllocate).
+  return nullptr;
+}
+
 MovableTensorBuffer::MovableTensorBuffer(Allocator* allocator,
-                                         tsl::MovableAllocator* movable,
+                                         MovableAllocator* movable,
                                          void* handle, void* data,
                                          size_t num_bytes)
     : TensorBuffer(data),
@@ -51,7 +122,13 @@ MovableTensorBuffer::MovableTensorBuffer(Allocator* allocator,
       creation_pin_(handle != nullptr) {}
 
 MovableTensorBuffer::~MovableTensorBuffer() {
-  if (handle_ != nullptr) movable_->DeallocateMovable(handle_);
+  if (handle_ == nullptr) return;
+  // Freed before any consumer released the creator's pin (temporaries,
+  // outputs nobody reads): the allocator frees only unpinned buffers.
+  if (creation_pin_.exchange(false, std::memory_order_acq_rel)) {
+    movable_->UnpinMovable(handle_);
+  }
+  movable_->DeallocateMovable(handle_);
 }
 
 absl::Status MovableTensorBuffer::Pin() {
@@ -69,6 +146,13 @@ void MovableTensorBuffer::Unpin() {
   if (handle_ == nullptr) return;
   movable_->UnpinMovable(handle_);
   // The first consumer is done: the creator's claim on the address ends.
+  if (creation_pin_.exchange(false, std::memory_order_acq_rel)) {
+    movable_->UnpinMovable(handle_);
+  }
+}
+
+void MovableTensorBuffer::ReleaseCreationPin() {
+  if (handle_ == nullptr) return;
   if (creation_pin_.exchange(false, std::memory_order_acq_rel)) {
     movable_->UnpinMovable(handle_);
   }
@@ -104,17 +188,20 @@ bool MovableTensorBuffer::GetAllocatedBytes(size_t* out_bytes) const {
 
 MovableTensorBuffer* MovableTensorBufferUtil::Get(const Tensor& t) {
   if (!Enabled() || t.buf_ == nullptr) return nullptr;
-  return t.buf_->root_buffer()->AsMovable();
+  return MovableTensorBuffer::FromBuffer(t.buf_->root_buffer());
 }
 
 TensorBuffer* MovableTensorBufferUtil::MaybeAllocate(
     Allocator* a, DataType type, int64_t num_elements,
     const AllocationAttributes& attr) {
   if (!Enabled() || num_elements <= 0) return nullptr;
+#if !defined(__GXX_RTTI) && !defined(_CPPRTTI)
+  return nullptr;  // FromBuffer could not recognize the buffer.
+#endif
   // Only types whose bytes are their value may move: strings, variants and
   // resource handles hold host pointers and run constructors.
   if (!DataTypeCanUseMemcpy(type)) return nullptr;
-  tsl::MovableAllocator* movable = a->AsMovableAllocator();
+  MovableAllocator* movable = FindMovableAllocator(a);
   if (movable == nullptr) return nullptr;
   const size_t num_bytes =
       static_cast<size_t>(num_elements) * DataTypeSize(type);
@@ -123,7 +210,7 @@ TensorBuffer* MovableTensorBufferUtil::MaybeAllocate(
 
 void MovableTensorBufferUtil::KeepRootInPlace(TensorBuffer* root) {
   if (!Enabled()) return;
-  MovableTensorBuffer* m = root->AsMovable();
+  MovableTensorBuffer* m = MovableTensorBuffer::FromBuffer(root);
   if (m == nullptr) return;
   absl::Status s = m->MakeUnmovable();
   // The root is pinned by whoever slices it, so it is resident and this
@@ -133,22 +220,14 @@ void MovableTensorBufferUtil::KeepRootInPlace(TensorBuffer* root) {
                 << "be kept in place: " << s;  // Crash OK
 }
 
-void MovableTensorBufferUtil::KeepInPlaceSlow(const Tensor& t) {
-  MovableTensorBuffer* m = Get(t);
-  if (m == nullptr || m->unmovable()) return;
-  absl::Status s = m->MakeUnmovable();
-  // A variable's kernels read this address right after this call and have
-  // no way to receive an error from Var::tensor(): stop with the cause.
-  CHECK(s.ok()) << "Large Model Support: could not bring a variable's buffer "
-                << "back into GPU memory: " << s;  // Crash OK
-}
-
 ScopedTensorPins& ScopedTensorPins::operator=(
     ScopedTensorPins&& other) noexcept {
   if (this != &other) {
     Release();
     pinned_ = std::move(other.pinned_);
+    held_ = std::move(other.held_);
     other.pinned_.clear();
+    other.held_.clear();
   }
   return *this;
 }
@@ -158,17 +237,24 @@ absl::Status ScopedTensorPins::Pin(const Tensor& t) {
   if (m == nullptr) return absl::OkStatus();
   absl::Status s = m->Pin();
   if (!s.ok()) return s;
-  m->Ref();
   pinned_.push_back(m);
   return absl::OkStatus();
 }
 
+absl::Status ScopedTensorPins::PinAndHold(const Tensor& t) {
+  MovableTensorBuffer* m = MovableTensorBufferUtil::Get(t);
+  if (m == nullptr) return absl::OkStatus();
+  absl::Status s = m->Pin();
+  if (!s.ok()) return s;
+  pinned_.push_back(m);
+  held_.push_back(t);
+  return absl::OkStatus();
+}
+
 void ScopedTensorPins::Release() {
-  for (MovableTensorBuffer* m : pinned_) {
-    m->Unpin();
-    m->Unref();
-  }
+  for (MovableTensorBuffer* m : pinned_) m->Unpin();
   pinned_.clear();
+  held_.clear();
 }
 
 absl::Status MakeTensorUnmovable(const Tensor& t) {
@@ -178,7 +264,7 @@ absl::Status MakeTensorUnmovable(const Tensor& t) {
 }
 
 std::string LargeModelSupportHint(Allocator* a, int64_t num_bytes) {
-  if (a == nullptr || a->AsMovableAllocator() != nullptr ||
+  if (a == nullptr || FindMovableAllocator(a) != nullptr ||
       a->GetMemoryType() != AllocatorMemoryType::kDevice) {
     return "";
   }

@@ -15,28 +15,39 @@ limitations under the License.
 
 // Tensor buffers whose bytes may move (Large Model Support).
 //
-// An allocator that implements tsl::MovableAllocator (the LMS GPU allocator)
-// may page a buffer out to host memory, page it back in at another address,
-// or move it within device memory, whenever the buffer is not pinned. Code
-// that reads or writes a tensor's bytes therefore pins it first and unpins it
-// when the access (including GPU work it enqueued) no longer needs the
-// address. The pin sites are few and fixed: the GPU device around every
-// kernel (inputs), the GPU device context around every copy, and the C API
-// when a raw device pointer escapes (which makes the buffer unmovable).
+// An allocator registered as a MovableAllocator (the LMS GPU allocator) may
+// page a buffer out to host memory, page it back in at another address, or
+// move it within device memory, whenever the buffer is not pinned. Code that
+// reads or writes a tensor's bytes therefore pins it first and unpins it when
+// the access (including device work it enqueued) no longer needs the address.
+// The pin sites are few and fixed (common_runtime/lms/kernel_pins.h): the
+// device around every kernel (its inputs, the tensors held inside variant
+// inputs, the variables and tensor arrays its resource inputs name), the
+// device context around every copy, and the C API when a raw device pointer
+// escapes (which makes the buffer unmovable for good).
 //
-// A new buffer starts pinned by its creator (the kernel that writes it, or a
-// copy that fills it). That creation pin is released by the first unpin from
-// a pin site, that is, once a consumer has finished with the buffer; until
-// then the buffer never moves, whoever holds its address.
+// Invariants:
+//   * A new buffer starts pinned by its creator (the kernel that writes it,
+//     or a copy that fills it). The creation pin ends when the kernel that
+//     made the buffer an output has finished (the pin site releases it), or
+//     else with the first unpin from a pin site (buffers a kernel keeps, such
+//     as a list element it creates); a buffer destroyed while still
+//     creation-pinned drops that pin itself, so it never outlives its memory.
+//   * A pin holds no reference on the buffer: whoever pins keeps the tensor
+//     alive until it unpins (the executor holds a kernel's inputs until the
+//     kernel returns or calls done). Taking a reference would make
+//     Tensor::RefCountIsOne() false inside every kernel and so disable buffer
+//     forwarding.
+//   * A slice (Tensor::Slice, SubSlice) keeps its own copy of the root's
+//     address, so slicing makes the root buffer unmovable.
 //
-// Buffers that other code reaches without going through a pin site stay put:
-//   * a slice (Tensor::Slice, SubSlice) keeps its own copy of the address, so
-//     slicing makes the root buffer unmovable;
-//   * a resource variable's buffer is read by kernels through the variable,
-//     not as an input, so Var::tensor() makes it unmovable.
+// ABI: nothing here adds a virtual function or a member to TensorBuffer or
+// tsl::Allocator, so binaries built against the stock headers (custom ops)
+// keep working. A movable buffer is recognized by its dynamic type and a
+// movable allocator by a registry.
 //
-// With no movable allocator in the process (LMS off) every function here
-// returns after one relaxed atomic load.
+// With no movable allocator registered (LMS off) every function the runtime
+// calls returns after one relaxed atomic load.
 #ifndef TENSORFLOW_CORE_FRAMEWORK_MOVABLE_TENSOR_BUFFER_H_
 #define TENSORFLOW_CORE_FRAMEWORK_MOVABLE_TENSOR_BUFFER_H_
 
@@ -54,19 +65,60 @@ limitations under the License.
 
 namespace tensorflow {
 
-// A root tensor buffer allocated from a tsl::MovableAllocator.
-class MovableTensorBuffer : public TensorBuffer {
+// Interface of an allocator whose buffers may move between device and host
+// memory, or within device memory, while they are not pinned.
+//
+// A buffer is named by an opaque handle. Its device address is valid from
+// AllocateMovable or PinMovable until the matching UnpinMovable, and may
+// differ after every PinMovable. A new buffer is returned pinned once.
+// MakeUnmovable is for addresses that escape (C API, DLPack): it returns once
+// the bytes are resident at *data, and the buffer never moves again.
+// All methods are thread-safe.
+class MovableAllocator {
+ public:
+  // Returns the handle, or nullptr when no memory could be made available.
+  virtual void* AllocateMovable(size_t alignment, size_t num_bytes,
+                                const AllocationAttributes& allocation_attr,
+                                void** data) = 0;
+  // REQUIRES: the buffer is not pinned.
+  virtual void DeallocateMovable(void* handle) = 0;
+  virtual absl::Status PinMovable(void* handle, void** data) = 0;
+  virtual void UnpinMovable(void* handle) = 0;
+  virtual absl::Status MakeUnmovable(void* handle, void** data) = 0;
+  virtual size_t MovableSize(const void* handle) const = 0;
+
+ protected:
+  // Owned as an Allocator, never through this interface.
+  virtual ~MovableAllocator() = default;
+};
+
+// `allocator` hands out movable tensor buffers through `movable` (usually the
+// same object). Registered allocators must be unregistered before they are
+// destroyed. Returns false when the registry is full.
+bool RegisterMovableAllocator(const Allocator* allocator,
+                              MovableAllocator* movable);
+void UnregisterMovableAllocator(const Allocator* allocator);
+// The MovableAllocator of `allocator`, or nullptr. Lock-free.
+MovableAllocator* FindMovableAllocator(const Allocator* allocator);
+
+// A root tensor buffer allocated from a MovableAllocator.
+class MovableTensorBuffer final : public TensorBuffer {
  public:
   // Returns a buffer of `num_bytes`, pinned by its creator; data() is nullptr
   // when the allocator could not provide the memory.
   static MovableTensorBuffer* Allocate(Allocator* allocator,
-                                       tsl::MovableAllocator* movable,
+                                       MovableAllocator* movable,
                                        size_t num_bytes,
                                        const AllocationAttributes& attr);
+
+  // `buffer` if it is a MovableTensorBuffer, else nullptr.
+  static MovableTensorBuffer* FromBuffer(TensorBuffer* buffer);
 
   // Makes the buffer resident and keeps it at data() until Unpin().
   absl::Status Pin();
   void Unpin();
+  // Ends the creator's pin if it is still held (the creator is done).
+  void ReleaseCreationPin();
   // Resident at data() from now on, pinned or not.
   absl::Status MakeUnmovable();
   bool unmovable() const { return unmovable_.load(std::memory_order_acquire); }
@@ -78,15 +130,14 @@ class MovableTensorBuffer : public TensorBuffer {
   AllocatorMemoryType GetMemoryType() const override {
     return AllocatorMemoryType::kDevice;
   }
-  MovableTensorBuffer* AsMovable() override { return this; }
 
  private:
-  MovableTensorBuffer(Allocator* allocator, tsl::MovableAllocator* movable,
+  MovableTensorBuffer(Allocator* allocator, MovableAllocator* movable,
                       void* handle, void* data, size_t num_bytes);
   ~MovableTensorBuffer() override;
 
   Allocator* const allocator_;
-  tsl::MovableAllocator* const movable_;
+  MovableAllocator* const movable_;
   void* const handle_;  // nullptr when the allocation failed
   const size_t num_bytes_;
   std::atomic<bool> creation_pin_;
@@ -99,10 +150,8 @@ class MovableTensorBuffer : public TensorBuffer {
 // The functions the runtime calls; a friend of Tensor for access to buf_.
 class MovableTensorBufferUtil {
  public:
-  // True once a movable allocator exists in this process.
+  // True once a movable allocator is registered in this process.
   static bool Enabled() { return enabled_.load(std::memory_order_relaxed); }
-  // Called by a movable allocator when it is created.
-  static void Enable() { enabled_.store(true, std::memory_order_relaxed); }
 
   // The movable root buffer of `t`, or nullptr.
   static MovableTensorBuffer* Get(const Tensor& t);
@@ -118,42 +167,47 @@ class MovableTensorBufferUtil {
   // REQUIRES: the root is pinned (slicing happens while its bytes are used).
   static void KeepRootInPlace(TensorBuffer* root);
 
-  // For Var::tensor(): the buffer stays where it is from now on.
-  static void KeepInPlace(const Tensor& t) {
-    if (TF_PREDICT_FALSE(Enabled())) KeepInPlaceSlow(t);
-  }
-
  private:
-  static void KeepInPlaceSlow(const Tensor& t);
+  friend bool RegisterMovableAllocator(const Allocator*, MovableAllocator*);
   static std::atomic<bool> enabled_;
 };
 
 // Pins the movable buffers of tensors and unpins them on destruction (or on
 // Release()). Pinning a tensor whose buffer is not movable is a no-op.
+//
+// Pin() holds no reference: the caller keeps the tensor alive until Release
+// (kernel inputs, which the executor holds; a reference would defeat buffer
+// forwarding). PinAndHold() also holds a reference until Release, for tensors
+// that the kernel may drop while it runs (elements of a list or array it
+// rewrites in place).
 class ScopedTensorPins {
  public:
   ScopedTensorPins() = default;
   ~ScopedTensorPins() { Release(); }
   ScopedTensorPins(ScopedTensorPins&& other) noexcept
-      : pinned_(std::move(other.pinned_)) {
+      : pinned_(std::move(other.pinned_)), held_(std::move(other.held_)) {
     other.pinned_.clear();
+    other.held_.clear();
   }
   ScopedTensorPins& operator=(ScopedTensorPins&& other) noexcept;
 
   absl::Status Pin(const Tensor& t);
+  absl::Status PinAndHold(const Tensor& t);
   void Release();
   bool empty() const { return pinned_.empty(); }
+  size_t size() const { return pinned_.size(); }
 
  private:
-  // Each entry holds a reference, so a buffer outlives its pin.
   absl::InlinedVector<MovableTensorBuffer*, 4> pinned_;
+  absl::InlinedVector<Tensor, 1> held_;  // released after the unpins
 
   ScopedTensorPins(const ScopedTensorPins&) = delete;
   void operator=(const ScopedTensorPins&) = delete;
 };
 
 // For callers that hand a tensor's raw device address to code TensorFlow
-// cannot track (TFE_TensorHandleDevicePointer, DLPack).
+// cannot track (TFE_TensorHandleDevicePointer, DLPack). Returns once the
+// bytes are resident at the tensor's address.
 absl::Status MakeTensorUnmovable(const Tensor& t);
 
 // For out-of-memory errors: a sentence suggesting Large Model Support when it

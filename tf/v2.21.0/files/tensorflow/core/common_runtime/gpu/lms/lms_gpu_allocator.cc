@@ -31,7 +31,7 @@ limitations under the License.
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "tensorflow/core/common_runtime/device_id_utils.h"
-#include "tensorflow/core/common_runtime/gpu/lms/lms_allocator.h"
+#include "tensorflow/core/common_runtime/lms/lms_allocator.h"
 #include "tensorflow/core/common_runtime/gpu/lms/stream_executor_lms_device.h"
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/protobuf/config.pb.h"
@@ -49,6 +49,8 @@ namespace {
 // process, like the GPUProcessState that owns them.
 constexpr int kMaxGpus = 256;
 std::array<std::atomic<LmsAllocator*>, kMaxGpus> registry{};
+// The StreamExecutor device each allocator owns, for AttachComputeStream.
+std::array<std::atomic<StreamExecutorLmsDevice*>, kMaxGpus> devices{};
 // One past the highest id registered, so lookups scan only live entries.
 std::atomic<int> registry_end{0};
 
@@ -135,8 +137,18 @@ LmsAllocator* FindLmsAllocator(const tsl::Allocator* allocator) {
 
 void AttachComputeStream(const tsl::Allocator* allocator,
                          stream_executor::Stream* compute) {
-  LmsAllocator* lms = FindLmsAllocator(allocator);
-  if (lms != nullptr) lms->AttachComputeStream(compute);
+  if (allocator == nullptr) return;
+  const int end = registry_end.load(std::memory_order_acquire);
+  for (int i = 0; i < end; ++i) {
+    LmsAllocator* lms = registry[i].load(std::memory_order_acquire);
+    if (lms != nullptr &&
+        static_cast<const tsl::Allocator*>(lms) == allocator) {
+      StreamExecutorLmsDevice* device =
+          devices[i].load(std::memory_order_acquire);
+      if (device != nullptr) device->AttachComputeStream(compute);
+      return;
+    }
+  }
 }
 
 }  // namespace lms
@@ -184,6 +196,7 @@ std::unique_ptr<tsl::Allocator> CreateLmsGpuAllocator(
   engine_options.host_memory_limit = 0;
   engine_options.defrag_enabled = defrag_enabled;
 
+  lms::StreamExecutorLmsDevice* device_ptr = device->get();
   absl::StatusOr<std::unique_ptr<lms::LmsAllocator>> allocator =
       lms::LmsAllocator::Create(*std::move(device), engine_options);
   if (!allocator.ok()) {
@@ -198,6 +211,7 @@ std::unique_ptr<tsl::Allocator> CreateLmsGpuAllocator(
                 20)
             << " MiB in use, defragmentation "
             << (engine_options.defrag_enabled ? "on" : "off") << ")";
+  lms::devices[id].store(device_ptr, std::memory_order_release);
   lms::registry[id].store(allocator->get(), std::memory_order_release);
   int end = lms::registry_end.load(std::memory_order_relaxed);
   while (end < id + 1 && !lms::registry_end.compare_exchange_weak(

@@ -27,7 +27,7 @@ limitations under the License.
 #include <functional>
 #include <memory>
 
-#include "tensorflow/core/common_runtime/gpu/lms/lms_allocator.h"
+#include "tensorflow/core/common_runtime/lms/lms_allocator.h"
 #include "tensorflow/core/protobuf/config.pb.h"
 #include "xla/stream_executor/stream.h"
 #include "xla/tsl/framework/allocator.h"

@@ -15,14 +15,15 @@ limitations under the License.
 
 // Where the GPU runtime pins tensor buffers for Large Model Support.
 //
-// The GPU device pins a kernel's inputs while the kernel is enqueued
-// (synchronous kernels) or until it calls done (asynchronous kernels), and
-// the GPU device context and the GPU->GPU copy function pin both sides of
-// every copy until the copy's done callback. Buffers a kernel allocates are
-// pinned by their creator until a consumer unpins them
-// (framework/movable_tensor_buffer.h), so outputs need nothing here. Unpinning
-// does not wait for the GPU: the LMS allocator orders any later page-out or
-// move after the work already queued on the compute stream.
+// BaseGPUDevice and GPUDeviceContext call these; each hands the device's
+// compute stream to its LMS allocator (the engine orders page-outs after the
+// kernels already enqueued there) and then applies the pin rule every LMS
+// device shares (common_runtime/lms/kernel_pins.h). The GPU device pins a
+// kernel's buffers while the kernel is enqueued (synchronous kernels) or
+// until it calls done (asynchronous kernels), before it logs inputs for
+// TF_GPU_DEBUG_OPS_TO_LOG; the device context and the GPU->GPU copy function
+// pin both sides of every copy until the copy's done callback. Unpinning does
+// not wait for the GPU.
 //
 // Each function costs one relaxed atomic load when LMS is off.
 #ifndef TENSORFLOW_CORE_COMMON_RUNTIME_GPU_LMS_LMS_KERNEL_PINS_H_
@@ -31,15 +32,18 @@ limitations under the License.
 #include <initializer_list>
 #include <utility>
 
+#include "tensorflow/core/common_runtime/lms/kernel_pins.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/device.h"
 #include "tensorflow/core/framework/device_base.h"
-#include "tensorflow/core/framework/movable_tensor_buffer.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "xla/stream_executor/stream.h"
 
 namespace tensorflow {
+
+// Hands `compute` to the LMS allocator of `device`, if it has one.
+void LmsAttachComputeStream(Device* device, stream_executor::Stream* compute);
 
 // For BaseGPUDevice::Compute. When ok() is false the context's status says
 // why (an input could not be brought back into GPU memory) and the kernel
@@ -47,27 +51,36 @@ namespace tensorflow {
 class LmsKernelPins {
  public:
   LmsKernelPins(Device* device, stream_executor::Stream* compute,
-                OpKernelContext* context);
-  bool ok() const { return ok_; }
+                OpKernelContext* context)
+      : pins_((LmsAttachComputeStream(device, compute), context)) {}
+  bool ok() const { return pins_.ok(); }
 
  private:
-  ScopedTensorPins pins_;
-  bool ok_ = true;
+  lms::KernelPins pins_;
 };
 
-// For BaseGPUDevice::ComputeAsync: pins the inputs and wraps *done so that it
-// unpins them. Returns false, having set the context's status and called
-// *done, when an input could not be pinned; the kernel must not run then.
-bool LmsPinAsyncKernelInputs(Device* device, stream_executor::Stream* compute,
-                             OpKernelContext* context,
-                             AsyncOpKernel::DoneCallback* done);
+// For BaseGPUDevice::ComputeAsync: pins the kernel's buffers and wraps *done
+// so that it unpins them. Returns false, having set the context's status and
+// called *done, when one could not be pinned; the kernel must not run then.
+inline bool LmsPinAsyncKernelInputs(Device* device,
+                                    stream_executor::Stream* compute,
+                                    OpKernelContext* context,
+                                    AsyncOpKernel::DoneCallback* done) {
+  if (!MovableTensorBufferUtil::Enabled()) return true;
+  LmsAttachComputeStream(device, compute);
+  return lms::PinAsyncKernelInputs(context, done);
+}
 
 // For GPUDeviceContext's copies: pins `tensors` (the GPU side; host tensors
 // are skipped) and wraps *done so that it unpins them. Returns false, having
 // called *done with the error, when one could not be pinned.
-bool LmsPinForCopy(Device* device, stream_executor::Stream* compute,
-                   std::initializer_list<const Tensor*> tensors,
-                   StatusCallback* done);
+inline bool LmsPinForCopy(Device* device, stream_executor::Stream* compute,
+                          std::initializer_list<const Tensor*> tensors,
+                          StatusCallback* done) {
+  if (!MovableTensorBufferUtil::Enabled()) return true;
+  LmsAttachComputeStream(device, compute);
+  return lms::PinForCopy(tensors, done);
+}
 
 // For the GPU->GPU CopyTensor registration in gpu_util.cc: runs `Copy`
 // (GPUUtil::DeviceToDeviceCopy) with both tensors pinned until it is done.

@@ -25,7 +25,7 @@ limitations under the License.
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "tensorflow/core/common_runtime/gpu/gpu_process_state.h"
-#include "tensorflow/core/common_runtime/gpu/lms/lms_allocator.h"
+#include "tensorflow/core/common_runtime/lms/lms_allocator.h"
 #include "tensorflow/core/common_runtime/gpu/lms/lms_gpu_allocator.h"
 #include "tensorflow/core/protobuf/config.pb.h"
 #include "tflms/stats.h"

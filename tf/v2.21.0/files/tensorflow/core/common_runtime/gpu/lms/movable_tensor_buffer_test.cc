@@ -40,7 +40,9 @@ inline void* Alloc64(size_t n) {
 namespace tensorflow {
 namespace {
 
-class MovingAllocator : public Allocator, public tsl::MovableAllocator {
+// As strict as the LMS engine: freeing a pinned buffer or unpinning one that
+// is not pinned is counted as a violation, and every test expects none.
+class MovingAllocator : public Allocator, public MovableAllocator {
  public:
   struct Block {
     void* ptr;
@@ -49,15 +51,17 @@ class MovingAllocator : public Allocator, public tsl::MovableAllocator {
     bool unmovable;
   };
 
-  MovingAllocator() { MovableTensorBufferUtil::Enable(); }
+  MovingAllocator() { RegisterMovableAllocator(this, this); }
+  ~MovingAllocator() override {
+    UnregisterMovableAllocator(this);
+    EXPECT_EQ(violations_, 0);
+  }
 
   std::string Name() override { return "moving"; }
   void* AllocateRaw(size_t alignment, size_t num_bytes) override {
     return Alloc64(num_bytes);
   }
   void DeallocateRaw(void* ptr) override { std::free(ptr); }
-  tsl::MovableAllocator* AsMovableAllocator() override { return this; }
-
   void* AllocateMovable(size_t alignment, size_t num_bytes,
                         const AllocationAttributes& attr,
                         void** data) override {
@@ -70,6 +74,7 @@ class MovingAllocator : public Allocator, public tsl::MovableAllocator {
   void DeallocateMovable(void* handle) override {
     absl::MutexLock lock(&mu_);
     auto* b = static_cast<Block*>(handle);
+    if (b->pins != 0) ++violations_;  // The engine refuses this.
     std::free(b->ptr);
     delete b;
     --live_;
@@ -84,7 +89,9 @@ class MovingAllocator : public Allocator, public tsl::MovableAllocator {
   }
   void UnpinMovable(void* handle) override {
     absl::MutexLock lock(&mu_);
-    --static_cast<Block*>(handle)->pins;
+    auto* b = static_cast<Block*>(handle);
+    if (b->pins <= 0) ++violations_;
+    --b->pins;
   }
   absl::Status MakeUnmovable(void* handle, void** data) override {
     absl::MutexLock lock(&mu_);
@@ -114,6 +121,7 @@ class MovingAllocator : public Allocator, public tsl::MovableAllocator {
 
   absl::Mutex mu_;
   int live_ = 0;
+  int violations_ = 0;
 };
 
 Tensor Iota(Allocator* a, int n) {
@@ -199,15 +207,23 @@ TEST(MovableTensorBufferTest, SlicingKeepsTheRootInPlace) {
   EXPECT_EQ(row.flat<int32_t>()(0), 4);
 }
 
-TEST(MovableTensorBufferTest, VariablesStayWhereTheyAre) {
+TEST(MovableTensorBufferTest, TemporariesFreedBeforeAnyConsumerAreReleased) {
+  MovingAllocator a;
+  {
+    // allocate_temp, or an output nobody consumes: still creation-pinned.
+    Tensor scratch = Iota(&a, 32);
+  }
+  EXPECT_EQ(a.live(), 0);  // ~MovingAllocator checks it was unpinned first.
+}
+
+TEST(MovableTensorBufferTest, PinsLeaveBufferForwardingPossible) {
   MovingAllocator a;
   Tensor t = Iota(&a, 8);
-  {
-    ScopedTensorPins release_creation;
-    ASSERT_TRUE(release_creation.Pin(t).ok());
-  }
-  MovableTensorBufferUtil::KeepInPlace(t);
-  EXPECT_TRUE(MovableTensorBufferUtil::Get(t)->unmovable());
+  ScopedTensorPins pins;
+  ASSERT_TRUE(pins.Pin(t).ok());
+  // OpKernelContext::forward_input reuses an input only when its buffer has
+  // one reference; a pin must not add one.
+  EXPECT_TRUE(t.RefCountIsOne());
 }
 
 TEST(MovableTensorBufferTest, BuffersAreFreedWithTheirLastTensor) {

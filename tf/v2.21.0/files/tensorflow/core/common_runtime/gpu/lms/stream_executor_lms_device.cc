@@ -27,7 +27,7 @@ limitations under the License.
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "tensorflow/core/common_runtime/gpu/lms/lms_status.h"
+#include "tensorflow/core/common_runtime/lms/lms_status.h"
 #include "tflms/device.h"
 #include "tflms/status.h"
 #include "xla/stream_executor/device_address.h"

@@ -13,7 +13,7 @@ See the License for the specific language governing permissions and
 limitations under the License.
 ==============================================================================*/
 
-#include "tensorflow/core/common_runtime/gpu/lms/lms_allocator.h"
+#include "tensorflow/core/common_runtime/lms/lms_allocator.h"
 
 #include <cstddef>
 #include <memory>
@@ -24,7 +24,7 @@ limitations under the License.
 #include "absl/log/log.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "tensorflow/core/common_runtime/gpu/lms/lms_status.h"
+#include "tensorflow/core/common_runtime/lms/lms_status.h"
 #include "tensorflow/core/framework/movable_tensor_buffer.h"
 #include "tflms/engine.h"
 #include "tflms/stats.h"
@@ -49,7 +49,7 @@ const tflms::Buffer* AsBuffer(const void* handle) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LmsAllocator>> LmsAllocator::Create(
-    std::unique_ptr<StreamExecutorLmsDevice> device,
+    std::unique_ptr<tflms::Device> device,
     const tflms::EngineOptions& options) {
   if (device == nullptr) {
     return absl::InvalidArgumentError("LmsAllocator needs a device");
@@ -57,20 +57,25 @@ absl::StatusOr<std::unique_ptr<LmsAllocator>> LmsAllocator::Create(
   auto engine = std::make_unique<tflms::Engine>(device.get(), options);
   absl::Status s = ToAbslStatus(engine->Init());
   if (!s.ok()) return s;
-  // From here on Tensor's constructors look for movable allocators.
-  MovableTensorBufferUtil::Enable();
-  return std::unique_ptr<LmsAllocator>(
+  std::unique_ptr<LmsAllocator> allocator(
       new LmsAllocator(std::move(device), std::move(engine), options.name));
+  // From here on Tensor's constructors give this allocator's tensors movable
+  // buffers.
+  if (!RegisterMovableAllocator(allocator.get(), allocator.get())) {
+    return absl::ResourceExhaustedError(
+        "too many Large Model Support allocators in one process");
+  }
+  return allocator;
 }
 
-LmsAllocator::LmsAllocator(std::unique_ptr<StreamExecutorLmsDevice> device,
+LmsAllocator::LmsAllocator(std::unique_ptr<tflms::Device> device,
                            std::unique_ptr<tflms::Engine> engine,
                            std::string name)
     : device_(std::move(device)),
       engine_(std::move(engine)),
       name_(std::move(name)) {}
 
-LmsAllocator::~LmsAllocator() = default;
+LmsAllocator::~LmsAllocator() { UnregisterMovableAllocator(this); }
 
 bool LmsAllocator::AlignmentSupported(size_t alignment) const {
   if (alignment <= kEngineAlignment) return true;
@@ -129,6 +134,11 @@ std::optional<tsl::AllocatorStats> LmsAllocator::GetStats() {
   return s;
 }
 
+bool LmsAllocator::ClearStats() {
+  engine_->ClearStats();
+  return true;
+}
+
 tflms::EngineStats LmsAllocator::GetLmsStats() const {
   return engine_->GetStats();
 }
@@ -140,6 +150,13 @@ absl::Status LmsAllocator::SetLmsLimit(size_t bytes) {
 absl::StatusOr<size_t> LmsAllocator::ReclaimInactive() {
   size_t bytes = 0;
   absl::Status s = ToAbslStatus(engine_->ReclaimInactive(&bytes));
+  if (!s.ok()) return s;
+  return bytes;
+}
+
+absl::StatusOr<size_t> LmsAllocator::Defragment() {
+  size_t bytes = 0;
+  absl::Status s = ToAbslStatus(engine_->Defragment(&bytes));
   if (!s.ok()) return s;
   return bytes;
 }
@@ -165,6 +182,8 @@ void* LmsAllocator::AllocateMovable(size_t alignment, size_t num_bytes,
 }
 
 void LmsAllocator::DeallocateMovable(void* handle) {
+  // The engine refuses to free a pinned buffer, and says so: that would be a
+  // pin site that outlived its tensor, never something to paper over here.
   tflms::Status s = engine_->FreeBuffer(AsBuffer(handle));
   if (!s.ok()) {
     LOG(ERROR) << "Allocator (" << name_

@@ -13,16 +13,20 @@ See the License for the specific language governing permissions and
 limitations under the License.
 ==============================================================================*/
 
-// The Large Model Support GPU allocator: the LMS engine (lms/core) as a
-// tsl::Allocator, in the place of GPUBFCAllocator when
-// GPUOptions.experimental.lms_enabled is set.
+// The Large Model Support allocator: the LMS engine (gpu/lms/core) as a
+// tsl::Allocator, over any tflms::Device. On a GPU it takes the place of
+// GPUBFCAllocator when GPUOptions.experimental.lms_enabled is set, over a
+// StreamExecutor device (gpu/lms/stream_executor_lms_device.h); the CPU test
+// harness runs the same class over the engine's simulated device.
 //
 // AllocateRaw serves workspaces and anything else without a tensor buffer:
-// those never move. Tensor buffers come through the tsl::MovableAllocator
+// those never move. Tensor buffers come through the MovableAllocator
 // interface (framework/movable_tensor_buffer.h) and may be paged out to host
 // memory, paged back in and moved while unpinned; see docs in engine.h.
-#ifndef TENSORFLOW_CORE_COMMON_RUNTIME_GPU_LMS_LMS_ALLOCATOR_H_
-#define TENSORFLOW_CORE_COMMON_RUNTIME_GPU_LMS_LMS_ALLOCATOR_H_
+// The allocator registers itself as movable on creation and unregisters
+// before it is destroyed.
+#ifndef TENSORFLOW_CORE_COMMON_RUNTIME_LMS_LMS_ALLOCATOR_H_
+#define TENSORFLOW_CORE_COMMON_RUNTIME_LMS_LMS_ALLOCATOR_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -32,10 +36,10 @@ limitations under the License.
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "tensorflow/core/common_runtime/gpu/lms/stream_executor_lms_device.h"
+#include "tensorflow/core/framework/movable_tensor_buffer.h"
+#include "tflms/device.h"
 #include "tflms/engine.h"
 #include "tflms/stats.h"
-#include "xla/stream_executor/stream.h"
 #include "xla/tsl/framework/allocator.h"
 
 namespace tensorflow {
@@ -44,11 +48,11 @@ namespace lms {
 // The smallest nonzero LMS limit: the engine's allocation granularity.
 inline constexpr int64_t kMinLmsLimit = 256;
 
-class LmsAllocator : public tsl::Allocator, public tsl::MovableAllocator {
+class LmsAllocator : public tsl::Allocator, public MovableAllocator {
  public:
   // `options.name` names the allocator in logs and statistics.
   static absl::StatusOr<std::unique_ptr<LmsAllocator>> Create(
-      std::unique_ptr<StreamExecutorLmsDevice> device,
+      std::unique_ptr<tflms::Device> device,
       const tflms::EngineOptions& options);
   ~LmsAllocator() override;
 
@@ -65,15 +69,17 @@ class LmsAllocator : public tsl::Allocator, public tsl::MovableAllocator {
   size_t RequestedSize(const void* ptr) const override;
   size_t AllocatedSize(const void* ptr) const override;
   std::optional<tsl::AllocatorStats> GetStats() override;
+  // tf.config.experimental.reset_memory_stats: peaks restart from the current
+  // values and cumulative counters from zero (tflms::Engine::ClearStats).
+  bool ClearStats() override;
   tsl::AllocatorMemoryType GetMemoryType() const override {
     return tsl::AllocatorMemoryType::kDevice;
   }
-  tsl::MovableAllocator* AsMovableAllocator() override { return this; }
-  // TensorFlow passes the platform stream handle here; LMS needs the
-  // se::Stream and gets it from AttachComputeStream instead.
+  // TensorFlow passes the platform stream handle here; on a GPU, LMS needs
+  // the se::Stream and gets it from lms::AttachComputeStream instead.
   void SetStreamAndPreallocateMemory(void* stream) override {}
 
-  // tsl::MovableAllocator
+  // MovableAllocator
   void* AllocateMovable(size_t alignment, size_t num_bytes,
                         const tsl::AllocationAttributes& attr,
                         void** data) override;
@@ -83,11 +89,6 @@ class LmsAllocator : public tsl::Allocator, public tsl::MovableAllocator {
   absl::Status MakeUnmovable(void* handle, void** data) override;
   size_t MovableSize(const void* handle) const override;
 
-  // The compute stream of the GPU device this allocator serves.
-  void AttachComputeStream(stream_executor::Stream* compute) {
-    device_->AttachComputeStream(compute);
-  }
-
   // Every engine counter (statistics for tf.experimental.get_lms_*).
   tflms::EngineStats GetLmsStats() const;
   // Reclaim once `bytes` of device memory are in use (0: the whole memory
@@ -95,18 +96,18 @@ class LmsAllocator : public tsl::Allocator, public tsl::MovableAllocator {
   absl::Status SetLmsLimit(size_t bytes);
   // Moves every inactive tensor to host memory now; returns the bytes moved.
   absl::StatusOr<size_t> ReclaimInactive();
-  // The gpu_host_bfc allocator paged-out bytes live in, once used.
-  tsl::Allocator* host_allocator_if_created() const {
-    return device_->host_allocator_if_created();
-  }
+  // Compacts device memory now; returns the bytes moved.
+  absl::StatusOr<size_t> Defragment();
+  // The device the engine runs on (owned by this allocator).
+  tflms::Device* device() const { return device_.get(); }
 
  private:
-  LmsAllocator(std::unique_ptr<StreamExecutorLmsDevice> device,
+  LmsAllocator(std::unique_ptr<tflms::Device> device,
                std::unique_ptr<tflms::Engine> engine, std::string name);
   bool AlignmentSupported(size_t alignment) const;
 
   // Declared before engine_: the engine uses the device until destroyed.
-  const std::unique_ptr<StreamExecutorLmsDevice> device_;
+  const std::unique_ptr<tflms::Device> device_;
   const std::unique_ptr<tflms::Engine> engine_;
   const std::string name_;
 };
@@ -114,4 +115,4 @@ class LmsAllocator : public tsl::Allocator, public tsl::MovableAllocator {
 }  // namespace lms
 }  // namespace tensorflow
 
-#endif  // TENSORFLOW_CORE_COMMON_RUNTIME_GPU_LMS_LMS_ALLOCATOR_H_
+#endif  // TENSORFLOW_CORE_COMMON_RUNTIME_LMS_LMS_ALLOCATOR_H_

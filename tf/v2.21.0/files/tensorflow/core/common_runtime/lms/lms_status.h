@@ -17,8 +17,8 @@ limitations under the License.
 //
 // The engine (lms/core) carries its own status so that it builds without
 // absl; its codes are absl's canonical codes, so nothing is lost here.
-#ifndef TENSORFLOW_CORE_COMMON_RUNTIME_GPU_LMS_LMS_STATUS_H_
-#define TENSORFLOW_CORE_COMMON_RUNTIME_GPU_LMS_LMS_STATUS_H_
+#ifndef TENSORFLOW_CORE_COMMON_RUNTIME_LMS_LMS_STATUS_H_
+#define TENSORFLOW_CORE_COMMON_RUNTIME_LMS_LMS_STATUS_H_
 
 #include <string>
 
@@ -55,4 +55,4 @@ inline tflms::Status FromAbslStatus(const absl::Status& s) {
 }  // namespace lms
 }  // namespace tensorflow
 
-#endif  // TENSORFLOW_CORE_COMMON_RUNTIME_GPU_LMS_LMS_STATUS_H_
+#endif  // TENSORFLOW_CORE_COMMON_RUNTIME_LMS_LMS_STATUS_H_

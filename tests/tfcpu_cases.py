@@ -1,0 +1,281 @@
+"""TensorFlow programs run by tests/test_tfcpu.py, each in a fresh process.
+
+    python -m tests.tfcpu_cases CASE MODE
+
+MODE is `stock` (TensorFlow as installed), `lms` (tflms.tfcpu with a modelled device
+memory well below the program's peak), `defrag` (the same with defragmentation and
+verified moves) or `nolms` (the tfcpu device and allocator without movable tensors).
+The program prints one line `RESULT <json>`: its values (floats as hex, so equality is
+bit-for-bit) and, under tfcpu, the engine's statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+# Modelled device memory per case: at most a quarter of the program's peak bytes in
+# use measured without pressure (tests/test_tfcpu.py checks that ratio).
+DEVICE_MEMORY = {
+    "cnn": "2560KiB",
+    "rnn": "2944KiB",
+    "map_fn": "2432KiB",
+    "tensor_array": "1536KiB",
+    "variables": "8MiB",
+    "temporaries": "64MiB",
+    "forwarding": "64MiB",
+    "dlpack": "8MiB",
+    "custom_op": "8MiB",
+}
+
+
+def _setup(case: str, mode: str) -> Any:
+    if mode != "stock":
+        import tflms.tfcpu as tc
+
+        memory = os.environ.get("TFCPU_DEVICE_MEMORY", DEVICE_MEMORY[case])
+        tc.enable(
+            device_memory=memory,
+            host_memory="1GiB",
+            defrag=mode == "defrag",
+            verify_moves=mode == "defrag",
+            lms=mode != "nolms",
+        )
+    import tensorflow as tf
+
+    tf.config.experimental.enable_op_determinism()
+    # One kernel at a time: the device's working set is then one kernel's, the
+    # same in every run.
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    return tf
+
+
+def _hex(values: Any) -> list[str]:
+    import numpy as np
+
+    return [float(v).hex() for v in np.asarray(values, dtype=np.float64).ravel()]
+
+
+def cnn(tf: Any) -> dict[str, Any]:
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 16, 16, 3)).astype("float32")
+    y = rng.integers(0, 10, 64)
+    layers = [keras.layers.Conv2D(16, 3, padding="same", activation="relu") for _ in range(16)]
+    model = keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            *layers,
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(10),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0, shuffle=False)
+    return {"loss": _hex(history.history["loss"])}
+
+
+def rnn(tf: Any) -> dict[str, Any]:
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(2)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((32, 48, 16)).astype("float32")
+    y = rng.standard_normal((32, 1)).astype("float32")
+    # use_cudnn=False: the generic loop (a while loop with TensorList accumulators)
+    model = keras.Sequential(
+        [
+            keras.Input((48, 16)),
+            keras.layers.LSTM(128, use_cudnn=False),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse", jit_compile=False)
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+    return {"loss": _hex(history.history["loss"])}
+
+
+def map_fn(tf: Any) -> dict[str, Any]:
+    x = tf.reshape(tf.range(256 * 128, dtype=tf.float32) / 1000.0, [256, 128])
+    w = tf.reshape(tf.range(64 * 128, dtype=tf.float32) / 8192.0, [64, 128])
+
+    @tf.function
+    def step(x: Any) -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            # Each iteration's intermediates are kept for the backward pass in
+            # TensorList accumulators: the step's peak is mostly list elements.
+            y = tf.map_fn(lambda r: tf.reduce_sum(tf.sin(tf.tile(r[None], [64, 1]) * w), 0), x)
+            z = tf.scan(lambda a, r: a * 0.5 + tf.tanh(r), y)
+            loss = tf.reduce_sum(z)
+        return loss, tape.gradient(loss, x)
+
+    loss, grad = step(x)
+    loss2, grad2 = step(x * 0.5)
+    return {"values": _hex([loss, tf.reduce_sum(grad), loss2, tf.reduce_sum(grad2)])}
+
+
+def tensor_array(tf: Any) -> dict[str, Any]:
+    # TF1 graph with control flow v1: TensorArrayV3 kernels read the array's
+    # elements directly (Gather, Concat), which only the array handle reaches.
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.disable_control_flow_v2()
+    graph = tf.Graph()
+    with graph.as_default():
+        base = tf.reshape(tf.range(64 * 1024, dtype=tf.float32), [64, 1024]) / 7.0
+        ta = tf.TensorArray(tf.float32, size=64, element_shape=[1024], clear_after_read=False)
+
+        def body(i: Any, ta: Any) -> Any:
+            return i + 1, ta.write(i, tf.sqrt(base[i] + tf.cast(i, tf.float32)))
+
+        n, ta = tf.compat.v1.while_loop(lambda i, _: i < 64, body, [0, ta])
+        # Made after the loop, so the array's elements are the older tensors
+        # the engine pages out to make room; read only after the gather.
+        big = tf.tile(base * (tf.cast(n, tf.float32) / 32.0), [2, 1])
+        with tf.control_dependencies([big]):
+            gathered = ta.gather(tf.range(63, -1, -1))
+            concat = ta.concat()
+        with tf.control_dependencies([gathered, concat]):
+            big_sum = tf.reduce_sum(big)
+        out = [tf.reduce_sum(gathered * 3.0), tf.reduce_sum(concat), gathered[5, 7], big_sum]
+    with tf.compat.v1.Session(graph=graph) as sess:
+        values = sess.run(out)
+    return {"values": _hex(values)}
+
+
+def variables(tf: Any) -> dict[str, Any]:
+    import tflms.tfcpu as tc
+
+    v = tf.Variable(tf.reshape(tf.range(256 * 1024, dtype=tf.float32), [256, 1024]))
+    w = tf.Variable(tf.ones([1024, 64]))
+    moved = tc.reclaim_inactive() if tc.enabled() else 0
+    # Read after everything inactive left the device; then update in place.
+    first = tf.reduce_sum(tf.matmul(v, w))
+    v.assign_add(tf.ones_like(v))
+    w.assign(w * 2.0)
+    if tc.enabled():
+        tc.reclaim_inactive()
+    second = tf.reduce_sum(tf.matmul(v.read_value(), w))
+    return {"values": _hex([first, second]), "reclaimed_before_read": moved}
+
+
+def temporaries(tf: Any) -> dict[str, Any]:
+    # Bytes in use after each step must come back to the same figure: buffers
+    # freed while still creation-pinned (temporaries, unread outputs) are freed.
+    import tflms.tfcpu as tc
+
+    x = tf.reshape(tf.range(64 * 64, dtype=tf.float32), [64, 64]) / 100.0
+    w = tf.Variable(tf.ones([64, 64]) * 0.01)
+
+    @tf.function
+    def step() -> Any:
+        with tf.GradientTape() as tape:
+            y = tf.nn.softmax(tf.matmul(x, w))
+            loss = tf.reduce_sum(tf.math.log(y + 1.0))
+        g = tape.gradient(loss, w)
+        w.assign_sub(g * 0.1)
+        _unused = tf.sort(tf.reshape(y, [-1]))  # an output nobody reads
+        return loss
+
+    in_use = []
+    for _ in range(6):
+        step()
+        in_use.append(tc.stats()["bytes_in_use"] if tc.enabled() else 0)
+    return {"bytes_in_use": in_use}
+
+
+def forwarding(tf: Any) -> dict[str, Any]:
+    # Allocations per step, to be compared with the same device without LMS.
+    import tflms.tfcpu as tc
+
+    x = tf.reshape(tf.range(128 * 128, dtype=tf.float32), [128, 128]) / 1000.0
+    w = tf.Variable(tf.ones([128, 128]) * 0.01)
+
+    @tf.function
+    def step() -> Any:
+        h = tf.matmul(x, w)
+        h = tf.nn.relu(h + 1.0)  # Add, Relu: forward their input when it is unshared
+        h = tf.cast(tf.cast(h, tf.float64) * 2.0, tf.float32)
+        w.assign(h * 0.001)  # AssignVariableOp copies into the variable in place
+        return tf.reduce_sum(h)
+
+    counts = []
+    for _ in range(4):
+        before = tc.stats()["num_allocs"]
+        step()
+        counts.append(tc.stats()["num_allocs"] - before)
+    return {"allocs_per_step": counts}
+
+
+def dlpack(tf: Any) -> dict[str, Any]:
+    import numpy as np
+
+    import tflms.tfcpu as tc
+
+    x = tf.reshape(tf.range(64 * 1024, dtype=tf.float32), [64, 1024])
+    y = x * 3.0
+    z = tf.reduce_sum(y)  # a consumer released y's creation pin: y may move
+    if tc.enabled():
+        tc.reclaim_inactive()
+        tc._delay_page_ins(100_000)  # noqa: SLF001  the page-in lands late
+    view = np.from_dlpack(y)
+    got = float(view.astype(np.float64).sum())
+    seen = view[3, :4].tolist()
+    after = tf.reduce_sum(y * 1.0)
+    return {"values": _hex([z, got, after, *seen])}
+
+
+def custom_op(tf: Any) -> dict[str, Any]:
+    # A kernel library built against the stock 2.21 headers (TensorBuffer
+    # without any LMS change) produces a tensor over its own TensorBuffer
+    # subclass; LMS kernels then read it, and its outputs are paged out and in.
+    import tflms.tfcpu as tc
+
+    module = tf.load_op_library(os.environ["TFCPU_CUSTOM_OP"])
+    x = tf.reshape(tf.range(32 * 1024, dtype=tf.float32), [32, 1024])
+    own = module.tflms_test_own_buffer(x)  # output over the op's own buffer
+    scaled = module.tflms_test_scale(own, factor=0.5)  # allocate_output in the op
+    total = tf.reduce_sum(scaled)
+    if tc.enabled():
+        tc.reclaim_inactive()
+    again = tf.reduce_sum(module.tflms_test_scale(scaled, factor=2.0) + own)
+    return {"values": _hex([total, again])}
+
+
+CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "cnn": cnn,
+    "rnn": rnn,
+    "map_fn": map_fn,
+    "tensor_array": tensor_array,
+    "variables": variables,
+    "temporaries": temporaries,
+    "forwarding": forwarding,
+    "dlpack": dlpack,
+    "custom_op": custom_op,
+}
+
+
+def main(argv: list[str]) -> None:
+    case, mode = argv
+    tf = _setup(case, mode)
+    result = CASES[case](tf)
+    if mode != "stock":
+        import tflms.tfcpu as tc
+
+        result["stats"] = tc.stats()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

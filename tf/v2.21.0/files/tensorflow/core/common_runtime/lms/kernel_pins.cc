@@ -1,0 +1,293 @@
+/* Copyright 2026 The TensorFlow Authors. All Rights Reserved.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+==============================================================================*/
+
+#include "tensorflow/core/common_runtime/lms/kernel_pins.h"
+
+#include <initializer_list>
+#include <memory>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "tensorflow/core/framework/movable_tensor_buffer.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_handle.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/type_index.h"
+#include "tensorflow/core/framework/types.pb.h"
+#include "tensorflow/core/framework/variant.h"
+#include "tensorflow/core/kernels/tensor_array.h"
+#include "tensorflow/core/kernels/tensor_list.h"
+#include "tensorflow/core/platform/mutex.h"
+
+namespace tensorflow {
+namespace lms {
+namespace {
+
+// Lists nest (a list of lists); deeper nesting than this is not pinned
+// further, which only costs a page-in fault if such a kernel ever exists.
+constexpr int kMaxVariantDepth = 8;
+
+absl::Status PinTensor(const Tensor& t, bool elements, int depth,
+                       ScopedTensorPins* pins);
+
+// The tensors of a TensorList; other variant payloads (datasets, optionals)
+// live in host memory on a GPU and are never movable. Elements are held as
+// well as pinned: a list kernel may replace them while it runs.
+absl::Status PinVariant(const Variant& v, int depth, ScopedTensorPins* pins) {
+  const TensorList* list = v.get<TensorList>();
+  if (list == nullptr) return absl::OkStatus();
+  for (const Tensor& element : list->tensors()) {
+    absl::Status s = PinTensor(element, /*elements=*/true, depth + 1, pins);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// depth 0: a kernel input, which the executor keeps alive; deeper: reached
+// through a list, an array or a variable, so held.
+absl::Status PinTensor(const Tensor& t, bool elements, int depth,
+                       ScopedTensorPins* pins) {
+  absl::Status s = depth == 0 ? pins->Pin(t) : pins->PinAndHold(t);
+  if (!s.ok()) return s;
+  if (!elements || t.dtype() != DT_VARIANT || !t.IsInitialized() ||
+      depth >= kMaxVariantDepth) {
+    return absl::OkStatus();
+  }
+  auto flat = t.flat<Variant>();
+  for (int64_t i = 0; i < flat.size(); ++i) {
+    s = PinVariant(flat(i), depth, pins);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Variables and tensor arrays are reached through their handles. A handle
+// that does not resolve here (another device, not created yet) is left to
+// the kernel, which reports it.
+absl::Status PinResource(OpKernelContext* context, const ResourceHandle& h,
+                         bool elements, ScopedTensorPins* pins) {
+  static const uint64_t kVar = TypeIndex::Make<Var>().hash_code();
+  static const uint64_t kTensorArray =
+      TypeIndex::Make<TensorArray>().hash_code();
+  if (h.hash_code() == kVar) {
+    core::RefCountPtr<Var> var;
+    if (!LookupResource(context, h, &var).ok()) return absl::OkStatus();
+    // Kernels read and update a variable's buffer in place under its lock,
+    // and replace it on assignment; a pin held across the kernel would need
+    // a reference, which would turn every in-place update into a copy. So the
+    // variable's buffer is kept in place instead, from its first use by a
+    // kernel on. The tensor is copied under the lock and the buffer brought
+    // back without it, so no lock is held while bytes move.
+    Tensor current;
+    {
+      tf_shared_lock lock(*var->mu());
+      current = *var->tensor();
+    }
+    absl::Status s = MakeTensorUnmovable(current);
+    if (s.ok() && elements && current.dtype() == DT_VARIANT) {
+      s = PinTensor(current, elements, 1, pins);
+    }
+    return s;
+  }
+  if (h.hash_code() == kTensorArray) {
+    core::RefCountPtr<TensorArray> array;
+    if (!LookupResource(context, h, &array).ok()) return absl::OkStatus();
+    absl::Status status;
+    array->ForEachTensor([&](const Tensor& t) {
+      if (status.ok()) status = PinTensor(t, elements, 1, pins);
+    });
+    return status;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool KernelReadsNoInputBytes(absl::string_view op_type) {
+  // Forwarding, shape queries and calls: the callee's kernels pin what they
+  // read, and pinning here would hold every argument for the whole call.
+  static const auto* const kOps = new absl::flat_hash_set<absl::string_view>({
+      "Identity",
+      "IdentityN",
+      "StopGradient",
+      "PreventGradient",
+      "Shape",
+      "ShapeN",
+      "Size",
+      "Rank",
+      "Enter",
+      "RefEnter",
+      "Exit",
+      "RefExit",
+      "Merge",
+      "RefMerge",
+      "NextIteration",
+      "RefNextIteration",
+      "LoopCond",
+      "_Retval",
+      "_DeviceRetval",
+      "_Send",
+      "_HostSend",
+      "PartitionedCall",
+      "StatefulPartitionedCall",
+      "While",
+      "StatelessWhile",
+      "VarIsInitializedOp",
+      "DestroyResourceOp",
+      "VariableShape",
+  });
+  return kOps->contains(op_type);
+}
+
+int OnlyInputReadByKernel(absl::string_view op_type) {
+  // Control flow that reads one scalar (the predicate or branch index) and
+  // passes everything else along. On a GPU those scalars live in host memory
+  // and are not movable; where device memory is host memory they are.
+  static const auto* const kOps =
+      new absl::flat_hash_map<absl::string_view, int>({
+          {"Switch", 1},
+          {"RefSwitch", 1},
+          {"_SwitchN", 1},
+          {"If", 0},
+          {"StatelessIf", 0},
+          {"Case", 0},
+          {"StatelessCase", 0},
+      });
+  auto it = kOps->find(op_type);
+  return it == kOps->end() ? -1 : it->second;
+}
+
+bool KernelReadsNoListElements(absl::string_view op_type) {
+  static const auto* const kOps = new absl::flat_hash_set<absl::string_view>({
+      "TensorListLength",
+      "TensorListElementShape",
+      "TensorListPushBack",
+      "TensorListPopBack",
+      "TensorListSetItem",
+      "TensorListGetItem",
+      "TensorListResize",
+      "TensorArraySizeV3",
+      "TensorArrayReadV3",
+      "TensorArrayCloseV3",
+      "TensorArrayGradV3",
+      "TensorArrayGradWithShape",
+  });
+  return kOps->contains(op_type);
+}
+
+absl::Status PinKernelInputs(OpKernelContext* context, ScopedTensorPins* pins) {
+  const absl::string_view op_type = context->op_kernel().type_string_view();
+  if (KernelReadsNoInputBytes(op_type)) return absl::OkStatus();
+  const int only = OnlyInputReadByKernel(op_type);
+  if (only >= 0) {
+    if (only >= context->num_inputs() || !context->has_input(only) ||
+        context->input_is_ref(only)) {
+      return absl::OkStatus();
+    }
+    return pins->Pin(context->input(only));
+  }
+  const bool elements = !KernelReadsNoListElements(op_type);
+  for (int i = 0; i < context->num_inputs(); ++i) {
+    if (!context->has_input(i)) continue;
+    // A reference input (TF1 variables) is read under its mutex; the copy
+    // shares the buffer. Held: Assign may replace the buffer while it runs.
+    const bool ref = context->input_is_ref(i);
+    const Tensor t = ref ? context->mutable_input(i, /*lock_held=*/false)
+                         : context->input(i);
+    absl::Status s = PinTensor(t, elements, ref ? 1 : 0, pins);
+    if (s.ok() && t.dtype() == DT_RESOURCE && t.IsInitialized()) {
+      auto handles = t.flat<ResourceHandle>();
+      for (int64_t j = 0; s.ok() && j < handles.size(); ++j) {
+        s = PinResource(context, handles(j), elements, pins);
+      }
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void ReleaseOutputCreationPins(OpKernelContext* context) {
+  for (int i = 0; i < context->num_outputs(); ++i) {
+    const Tensor* out = context->mutable_output(i);
+    if (out == nullptr) continue;
+    MovableTensorBuffer* m = MovableTensorBufferUtil::Get(*out);
+    if (m != nullptr) m->ReleaseCreationPin();
+  }
+}
+
+KernelPins::KernelPins(OpKernelContext* context) : context_(context) {
+  if (!MovableTensorBufferUtil::Enabled()) return;
+  absl::Status s = PinKernelInputs(context, &pins_);
+  if (!s.ok()) {
+    pins_.Release();
+    context->SetStatus(s);
+    ok_ = false;
+  }
+}
+
+KernelPins::~KernelPins() {
+  if (!MovableTensorBufferUtil::Enabled()) return;
+  if (ok_) ReleaseOutputCreationPins(context_);
+  pins_.Release();
+}
+
+bool PinAsyncKernelInputs(OpKernelContext* context,
+                          AsyncOpKernel::DoneCallback* done) {
+  if (!MovableTensorBufferUtil::Enabled()) return true;
+  auto pins = std::make_shared<ScopedTensorPins>();
+  absl::Status s = PinKernelInputs(context, pins.get());
+  if (!s.ok()) {
+    pins->Release();
+    context->SetStatus(s);
+    (*done)();
+    return false;
+  }
+  *done = [context, pins = std::move(pins), parent = std::move(*done)]() {
+    ReleaseOutputCreationPins(context);
+    pins->Release();
+    parent();
+  };
+  return true;
+}
+
+bool PinForCopy(std::initializer_list<const Tensor*> tensors,
+                StatusCallback* done) {
+  if (!MovableTensorBufferUtil::Enabled()) return true;
+  auto pins = std::make_shared<ScopedTensorPins>();
+  for (const Tensor* t : tensors) {
+    if (t == nullptr) continue;
+    absl::Status s = pins->Pin(*t);
+    if (!s.ok()) {
+      pins->Release();
+      (*done)(s);
+      return false;
+    }
+  }
+  if (pins->empty()) return true;
+  *done = [pins = std::move(pins),
+           parent = std::move(*done)](const absl::Status& s) {
+    pins->Release();
+    parent(s);
+  };
+  return true;
+}
+
+}  // namespace lms
+}  // namespace tensorflow

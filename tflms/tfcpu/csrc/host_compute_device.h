@@ -1,0 +1,96 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// HostComputeDevice: the engine's simulated device for kernels that run on
+// the host thread (the tflms.tfcpu harness).
+//
+// On a GPU, "the compute stream waits for a page-in" orders kernels that are
+// enqueued later; the host thread does not wait. A CPU kernel runs on the host
+// thread the moment its inputs are pinned, so here waiting on the compute
+// stream blocks the calling thread until the event has completed. Everything
+// else is the SimDevice's (device memory is a host arena that CPU kernels
+// read and write directly; copies run on worker threads).
+//
+// Thread safety: stateless apart from the SimDevice, which is thread-safe.
+#ifndef TFLMS_TFCPU_HOST_COMPUTE_DEVICE_H_
+#define TFLMS_TFCPU_HOST_COMPUTE_DEVICE_H_
+
+#include <cstddef>
+#include <memory>
+#include <utility>
+
+#include "sim_device.h"
+#include "tflms/device.h"
+
+namespace tflms_tfcpu {
+
+class HostComputeDevice : public tflms::Device {
+ public:
+  explicit HostComputeDevice(std::unique_ptr<tflms::SimDevice> sim)
+      : sim_(std::move(sim)) {}
+
+  tflms::SimDevice* sim() const { return sim_.get(); }
+
+  const char* Name() const override { return "tfcpu-sim"; }
+  void* AllocateDeviceMemory(size_t bytes, size_t alignment) override {
+    return sim_->AllocateDeviceMemory(bytes, alignment);
+  }
+  void FreeDeviceMemory(void* ptr, size_t bytes) override {
+    sim_->FreeDeviceMemory(ptr, bytes);
+  }
+  void* AllocateHostMemory(size_t bytes) override {
+    return sim_->AllocateHostMemory(bytes);
+  }
+  void FreeHostMemory(void* ptr, size_t bytes) override {
+    sim_->FreeHostMemory(ptr, bytes);
+  }
+  tflms::Stream* GetStream(tflms::StreamKind kind) override {
+    return sim_->GetStream(kind);
+  }
+  tflms::Status CopyDeviceToHost(tflms::Stream* stream, void* host_dst,
+                                 const void* device_src,
+                                 size_t bytes) override {
+    return sim_->CopyDeviceToHost(stream, host_dst, device_src, bytes);
+  }
+  tflms::Status CopyHostToDevice(tflms::Stream* stream, void* device_dst,
+                                 const void* host_src, size_t bytes) override {
+    return sim_->CopyHostToDevice(stream, device_dst, host_src, bytes);
+  }
+  tflms::Status CopyDeviceToDevice(tflms::Stream* stream, void* device_dst,
+                                   const void* device_src,
+                                   size_t bytes) override {
+    return sim_->CopyDeviceToDevice(stream, device_dst, device_src, bytes);
+  }
+  tflms::EventRef RecordEvent(tflms::Stream* stream,
+                              tflms::Status* status) override {
+    return sim_->RecordEvent(stream, status);
+  }
+  tflms::Status WaitEvent(tflms::Stream* stream,
+                          const tflms::EventRef& event) override {
+    if (stream == sim_->GetStream(tflms::StreamKind::kCompute)) {
+      // The next "kernel on the compute stream" is the caller's own code.
+      return sim_->SynchronizeEvent(event);
+    }
+    return sim_->WaitEvent(stream, event);
+  }
+  tflms::Status SynchronizeEvent(const tflms::EventRef& event) override {
+    return sim_->SynchronizeEvent(event);
+  }
+  bool EventDone(const tflms::EventRef& event) override {
+    return sim_->EventDone(event);
+  }
+  tflms::Status ReadDeviceSync(void* host_dst, const void* device_src,
+                               size_t bytes) override {
+    return sim_->ReadDeviceSync(host_dst, device_src, bytes);
+  }
+  tflms::Status WriteDeviceSync(void* device_dst, const void* host_src,
+                                size_t bytes) override {
+    return sim_->WriteDeviceSync(device_dst, host_src, bytes);
+  }
+
+ private:
+  const std::unique_ptr<tflms::SimDevice> sim_;
+};
+
+}  // namespace tflms_tfcpu
+
+#endif  // TFLMS_TFCPU_HOST_COMPUTE_DEVICE_H_
