@@ -159,6 +159,16 @@ def test_custom_op_built_against_stock_headers_works(tmp_path: Path) -> None:
     assert lms["stats"]["bytes_reclaimed"] > 0
 
 
+def test_allocation_waits_for_memory_another_thread_frees() -> None:
+    # Issue 12: the LMS allocator failed at once where TensorFlow's BFC
+    # allocator waits for frees (allocations that allow retry).
+    stock = run_case("retry", "stock")
+    lms = run_case("retry", "lms")
+    assert lms["values"] == stock["values"]
+    assert lms["waited"] >= 0.4
+    assert lms["stats"]["num_ooms"] >= 1  # the first attempt failed
+
+
 def test_enable_after_tensorflow_made_its_devices_says_so() -> None:
     code = (
         "import tensorflow as tf\n"

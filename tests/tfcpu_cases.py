@@ -29,6 +29,7 @@ DEVICE_MEMORY = {
     "forwarding": "64MiB",
     "dlpack": "8MiB",
     "custom_op": "8MiB",
+    "retry": "8MiB",
 }
 
 
@@ -253,6 +254,32 @@ def custom_op(tf: Any) -> dict[str, Any]:
     return {"values": _hex([total, again])}
 
 
+def retry(tf: Any) -> dict[str, Any]:
+    # An allocation that does not fit while another thread is about to free
+    # memory waits for it, as TensorFlow's BFC allocator does (up to 10 s).
+    import threading
+    import time
+
+    import numpy as np
+
+    n = 6 * 1024 * 1024 // 4
+    held = [tf.fill([n], tf.constant(1.5))]
+    held.append(np.asarray(held[0]))  # the address escaped: it cannot move
+
+    def release() -> None:
+        time.sleep(0.5)
+        held.clear()
+
+    thread = threading.Thread(target=release)
+    thread.start()
+    start = time.monotonic()
+    y = tf.fill([n], tf.constant(2.0))  # does not fit beside the held tensor
+    waited = time.monotonic() - start
+    thread.join()
+    # Read on the host: y fills the device (BFC does not split a chunk for it).
+    return {"values": _hex([np.asarray(y).astype(np.float64).sum()]), "waited": waited}
+
+
 CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "cnn": cnn,
     "rnn": rnn,
@@ -263,6 +290,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "forwarding": forwarding,
     "dlpack": dlpack,
     "custom_op": custom_op,
+    "retry": retry,
 }
 
 

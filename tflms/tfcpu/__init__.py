@@ -171,6 +171,12 @@ def _install_python_escapes() -> None:
         return numpy_internal(self)
 
     base._numpy = _numpy  # noqa: SLF001
+    # numpy prefers the buffer protocol (zero-copy) to __array__.
+    eager_tensor_type = ops.EagerTensor
+    assert _pylib is not None
+    _pylib.tflms_tfcpu_hook_buffer_protocol.argtypes = [ctypes.py_object]
+    if _pylib.tflms_tfcpu_hook_buffer_protocol(eager_tensor_type) != 0:
+        raise TfcpuError("tflms.tfcpu: cannot route EagerTensor's buffer protocol")
     to_dlpack = pywrap_tfe.TFE_ToDlpackCapsule
 
     def _to_dlpack(tensor: Any) -> Any:

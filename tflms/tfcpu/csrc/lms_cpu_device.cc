@@ -17,6 +17,11 @@
 // process (every device the factory creates shares it, as every GPU:0 device
 // object shares GPU 0's allocator) and registers the factory above the stock
 // CPU factory (priority 70).
+#include <Python.h>  // the buffer protocol of EagerTensor (first: Python's rule)
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -42,8 +47,7 @@
 
 #include "host_compute_device.h"
 
-struct _object;  // PyObject, without Python's headers.
-TFE_TensorHandle* EagerTensor_Handle(const _object* o);
+TFE_TensorHandle* EagerTensor_Handle(const PyObject* o);
 namespace tensorflow {
 // Exported by libtensorflow_framework; declared in a header the wheel lacks.
 absl::Status TF_TensorToTensor(const TF_Tensor* src, Tensor* dst);
@@ -174,6 +178,9 @@ int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
   tflms::EngineOptions options;
   options.name = "tfcpu_lms";
   options.memory_limit = static_cast<size_t>(device_memory);
+  // TensorFlow's GPU default (GPUOptions.allow_growth = false): one region
+  // of the whole memory limit, taken on first use.
+  options.allow_growth = false;
   options.host_memory_limit = static_cast<size_t>(host_memory);
   options.lms_enabled = lms != 0;
   options.defrag_enabled = defrag != 0;
@@ -250,7 +257,7 @@ void tflms_tfcpu_delay_page_ins(int microseconds) {
 // address of an EagerTensor's buffer escapes to Python (numpy views, DLPack),
 // so it becomes unmovable, with its bytes resident. Returns 0, or -1 with the
 // reason in `error`.
-int tflms_tfcpu_make_unmovable(const _object* eager_tensor, char* error,
+int tflms_tfcpu_make_unmovable(const PyObject* eager_tensor, char* error,
                                int error_len) {
   using namespace tflms_tfcpu;  // NOLINT
   if (g_allocator == nullptr) return 0;
@@ -273,6 +280,59 @@ int tflms_tfcpu_make_unmovable(const _object* eager_tensor, char* error,
     SetError(std::string(s.message()), error, error_len);
     return -1;
   }
+  return 0;
+}
+
+}  // extern "C"
+
+namespace tflms_tfcpu {
+namespace {
+
+getbufferproc original_getbuffer = nullptr;
+
+// numpy reads a CPU EagerTensor through the buffer protocol (before
+// __array__): a zero-copy view, so the address escapes like a DLPack export.
+int GetBufferOfUnmovable(PyObject* o, Py_buffer* view, int flags) {
+  char error[512] = {0};
+  if (tflms_tfcpu_make_unmovable(o, error, sizeof(error)) != 0) {
+    // Python's symbols come from the interpreter at run time; the library is
+    // linked with --no-undefined, so they are looked up, not linked.
+    using SetString = void (*)(PyObject*, const char*);
+    auto set_string =
+        reinterpret_cast<SetString>(dlsym(RTLD_DEFAULT, "PyErr_SetString"));
+    auto* runtime_error = static_cast<PyObject**>(
+        dlsym(RTLD_DEFAULT, "PyExc_RuntimeError"));
+    if (set_string != nullptr && runtime_error != nullptr) {
+      set_string(*runtime_error, error);
+    }
+    return -1;
+  }
+  return original_getbuffer(o, view, flags);
+}
+
+}  // namespace
+}  // namespace tflms_tfcpu
+
+extern "C" {
+
+// Routes EagerTensor's buffer protocol through MakeTensorUnmovable. `type` is
+// the EagerTensor type object. Returns 0, or -1 if it has no buffer protocol.
+int tflms_tfcpu_hook_buffer_protocol(PyObject* type) {
+  using namespace tflms_tfcpu;  // NOLINT
+  auto* t = reinterpret_cast<PyTypeObject*>(type);
+  PyBufferProcs* procs = t->tp_as_buffer;
+  if (procs == nullptr || procs->bf_getbuffer == nullptr) return -1;
+  if (procs->bf_getbuffer == &GetBufferOfUnmovable) return 0;
+  original_getbuffer = procs->bf_getbuffer;
+  // The table may sit in relocated read-only data.
+  const long page = sysconf(_SC_PAGESIZE);
+  uintptr_t start = reinterpret_cast<uintptr_t>(&procs->bf_getbuffer) &
+                    ~static_cast<uintptr_t>(page - 1);
+  if (mprotect(reinterpret_cast<void*>(start), page, PROT_READ | PROT_WRITE) !=
+      0) {
+    return -1;
+  }
+  procs->bf_getbuffer = &GetBufferOfUnmovable;
   return 0;
 }
 

@@ -15,6 +15,7 @@ limitations under the License.
 
 #include "tensorflow/core/common_runtime/lms/lms_allocator.h"
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -38,6 +39,8 @@ namespace {
 
 // The engine hands out 256-byte aligned chunks, as tsl::BFCAllocator does.
 constexpr size_t kEngineAlignment = 256;
+// tsl::BFCAllocator's kMaxMillisToWait for allocations that allow retry.
+constexpr std::chrono::milliseconds kRetryTimeout(10000);
 
 tflms::Buffer* AsBuffer(void* handle) {
   return static_cast<tflms::Buffer*>(handle);
@@ -92,7 +95,9 @@ void* LmsAllocator::AllocateRaw(size_t alignment, size_t num_bytes,
                                 const tsl::AllocationAttributes& attr) {
   if (!AlignmentSupported(alignment)) return nullptr;
   tflms::Status status;
-  void* ptr = engine_->AllocateRaw(num_bytes, &status);
+  void* ptr = AllocateWithRetry<void>(
+      num_bytes, attr, &status,
+      [&](tflms::Status* s) { return engine_->AllocateRaw(num_bytes, s); });
   if (ptr == nullptr && attr.retry_on_failure) {
     // Callers that can do without the memory (retry_on_failure == false)
     // handle the failure themselves; log only for the others, as BFC does.
@@ -102,8 +107,45 @@ void* LmsAllocator::AllocateRaw(size_t alignment, size_t num_bytes,
   return ptr;
 }
 
+template <typename T, typename Attempt>
+T* LmsAllocator::AllocateWithRetry(size_t num_bytes,
+                                   const tsl::AllocationAttributes& attr,
+                                   tflms::Status* status, Attempt attempt) {
+  uint64_t seen = frees_.load();
+  T* result = attempt(status);
+  if (result != nullptr || !attr.retry_on_failure ||
+      num_bytes > engine_->options().memory_limit) {
+    return result;  // nothing anyone frees can make room for it
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kRetryTimeout;
+  std::unique_lock<std::mutex> lock(retry_mu_);
+  ++waiters_;
+  while (result == nullptr) {
+    if (!retry_cv_.wait_until(lock, deadline,
+                              [&] { return frees_.load() != seen; })) {
+      break;  // timed out; *status holds the last failure
+    }
+    seen = frees_.load();
+    lock.unlock();
+    result = attempt(status);
+    lock.lock();
+  }
+  --waiters_;
+  return result;
+}
+
+void LmsAllocator::NotifyFreed() {
+  frees_.fetch_add(1);
+  if (waiters_.load() > 0) {
+    std::lock_guard<std::mutex> lock(retry_mu_);
+    retry_cv_.notify_all();
+  }
+}
+
 void LmsAllocator::DeallocateRaw(void* ptr) {
-  if (ptr != nullptr) engine_->DeallocateRaw(ptr);
+  if (ptr == nullptr) return;
+  engine_->DeallocateRaw(ptr);
+  NotifyFreed();
 }
 
 size_t LmsAllocator::RequestedSize(const void* ptr) const {
@@ -168,8 +210,10 @@ void* LmsAllocator::AllocateMovable(size_t alignment, size_t num_bytes,
   if (!AlignmentSupported(alignment)) return nullptr;
   tflms::Status status;
   // Allocated pinned: its creator holds it until the first consumer unpins.
-  tflms::Buffer* buffer =
-      engine_->AllocateBuffer(num_bytes, /*pinned=*/true, &status, data);
+  tflms::Buffer* buffer = AllocateWithRetry<tflms::Buffer>(
+      num_bytes, attr, &status, [&](tflms::Status* s) {
+        return engine_->AllocateBuffer(num_bytes, /*pinned=*/true, s, data);
+      });
   if (buffer == nullptr) {
     if (attr.retry_on_failure) {
       LOG(WARNING) << "Allocator (" << name_ << ") ran out of memory trying "
@@ -189,6 +233,7 @@ void LmsAllocator::DeallocateMovable(void* handle) {
     LOG(ERROR) << "Allocator (" << name_
                << ") freeing a buffer: " << s.ToString();
   }
+  NotifyFreed();
 }
 
 absl::Status LmsAllocator::PinMovable(void* handle, void** data) {
@@ -201,6 +246,7 @@ void LmsAllocator::UnpinMovable(void* handle) {
     LOG(ERROR) << "Allocator (" << name_
                << ") unpinning a buffer: " << s.ToString();
   }
+  NotifyFreed();  // an unpinned buffer can be moved out of the way
 }
 
 absl::Status LmsAllocator::MakeUnmovable(void* handle, void** data) {

@@ -28,9 +28,12 @@ limitations under the License.
 #ifndef TENSORFLOW_CORE_COMMON_RUNTIME_LMS_LMS_ALLOCATOR_H_
 #define TENSORFLOW_CORE_COMMON_RUNTIME_LMS_LMS_ALLOCATOR_H_
 
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -105,11 +108,26 @@ class LmsAllocator : public tsl::Allocator, public MovableAllocator {
   LmsAllocator(std::unique_ptr<tflms::Device> device,
                std::unique_ptr<tflms::Engine> engine, std::string name);
   bool AlignmentSupported(size_t alignment) const;
+  // What tsl::BFCAllocator does for allocations that allow retry: after the
+  // engine's reclaim ladder failed, wait up to kRetryTimeout for other
+  // threads to free or unpin memory, retrying after each.
+  template <typename T, typename Attempt>
+  T* AllocateWithRetry(size_t num_bytes, const tsl::AllocationAttributes& attr,
+                       tflms::Status* status, Attempt attempt);
+  // Memory was freed or became movable: wake waiting allocations.
+  void NotifyFreed();
 
   // Declared before engine_: the engine uses the device until destroyed.
   const std::unique_ptr<tflms::Device> device_;
   const std::unique_ptr<tflms::Engine> engine_;
   const std::string name_;
+
+  // Retry: frees_ counts frees and unpins; waiters_ lets them skip the lock
+  // when nobody waits. retry_mu_ guards nothing but the condition wait.
+  std::atomic<uint64_t> frees_{0};
+  std::atomic<int> waiters_{0};
+  std::mutex retry_mu_;
+  std::condition_variable retry_cv_;
 };
 
 }  // namespace lms
