@@ -55,9 +55,15 @@ def harness_library() -> None:
 
 
 def _peak_without_pressure(case: str) -> int:
-    result = run_case(case, "lms", {"TFCPU_DEVICE_MEMORY": "1GiB"})
-    assert result["stats"]["bytes_reclaimed"] == 0
-    return result["stats"]["peak_bytes_in_use"]
+    # The executor's schedule (loop iterations in flight) varies with machine
+    # load, and so does the peak: the larger of two runs is a peak the step
+    # really reached.
+    peaks = []
+    for _ in range(2):
+        result = run_case(case, "lms", {"TFCPU_DEVICE_MEMORY": "1GiB"})
+        assert result["stats"]["bytes_reclaimed"] == 0
+        peaks.append(result["stats"]["peak_bytes_in_use"])
+    return max(peaks)
 
 
 @pytest.mark.parametrize("case", ["cnn", "rnn", "map_fn"])
