@@ -22,6 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_case(case: str, mode: str, env: dict[str, str] | None = None) -> dict:
+    return run_case_with_log(case, mode, env)[0]
+
+
+def run_case_with_log(case: str, mode: str, env: dict[str, str] | None = None) -> tuple[dict, str]:
     proc = subprocess.run(
         [sys.executable, "-m", "tests.tfcpu_cases", case, mode],
         cwd=ROOT,
@@ -40,7 +44,7 @@ def run_case(case: str, mode: str, env: dict[str, str] | None = None) -> dict:
     # the engine refuses what a lax double would accept.
     assert "freeing a buffer" not in proc.stderr, proc.stderr[-3000:]
     assert "unpinning a buffer" not in proc.stderr, proc.stderr[-3000:]
-    return result
+    return result, proc.stderr
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -173,6 +177,14 @@ def test_allocation_waits_for_memory_another_thread_frees() -> None:
     assert lms["values"] == stock["values"]
     assert lms["waited"] >= 0.4
     assert lms["stats"]["num_ooms"] >= 1  # the first attempt failed
+
+
+def test_xla_clusters_are_named_once_with_what_to_change() -> None:
+    stock = run_case("xla", "stock")
+    lms, log = run_case_with_log("xla", "lms")
+    assert lms["values"] == stock["values"]
+    assert log.count("runs with LMS on") == 1, log[-3000:]
+    assert "jit_compile=False" in log
 
 
 def test_enable_after_tensorflow_made_its_devices_says_so() -> None:

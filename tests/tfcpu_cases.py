@@ -30,6 +30,7 @@ DEVICE_MEMORY = {
     "dlpack": "8MiB",
     "custom_op": "8MiB",
     "retry": "8MiB",
+    "xla": "8MiB",
 }
 
 
@@ -280,6 +281,17 @@ def retry(tf: Any) -> dict[str, Any]:
     return {"values": _hex([np.asarray(y).astype(np.float64).sum()]), "waited": waited}
 
 
+def xla(tf: Any) -> dict[str, Any]:
+    # An XLA cluster's buffers never move: LMS warns once, and results hold.
+    x = tf.reshape(tf.range(256 * 256, dtype=tf.float32), [256, 256]) / 65536.0
+
+    @tf.function(jit_compile=True)
+    def f(x: Any) -> Any:
+        return tf.reduce_sum(tf.tanh(tf.matmul(x, x)))
+
+    return {"values": _hex([f(x), f(x * 2.0)])}
+
+
 CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "cnn": cnn,
     "rnn": rnn,
@@ -291,6 +303,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "dlpack": dlpack,
     "custom_op": custom_op,
     "retry": retry,
+    "xla": xla,
 }
 
 

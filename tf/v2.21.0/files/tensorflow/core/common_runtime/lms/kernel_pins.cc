@@ -15,12 +15,14 @@ limitations under the License.
 
 #include "tensorflow/core/common_runtime/lms/kernel_pins.h"
 
+#include <atomic>
 #include <initializer_list>
 #include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/log/log.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "tensorflow/core/framework/movable_tensor_buffer.h"
@@ -118,6 +120,35 @@ absl::Status PinResource(OpKernelContext* context, const ResourceHandle& h,
   return absl::OkStatus();
 }
 
+std::atomic<bool> warned_about_xla{false};
+
+// Auto-clustering launches clusters with these ops; jit_compile=True
+// functions run as a kernel made for the function, marked _XlaMustCompile.
+bool IsXlaClusterLaunch(const OpKernel& kernel) {
+  const absl::string_view op_type = kernel.type_string_view();
+  if (op_type == "XlaLaunch" || op_type == "XlaLaunchV2" ||
+      op_type == "_XlaRun" || op_type == "_XlaCompile") {
+    return true;
+  }
+  const auto& attrs = kernel.def().attr();
+  auto it = attrs.find("_XlaMustCompile");
+  return it != attrs.end() && it->second.b();
+}
+
+// XLA allocates a cluster's buffers itself, as raw allocations LMS never
+// moves: say so once, with what to change, since nothing else would tell.
+void WarnOnceAboutXla(OpKernelContext* context) {
+  if (warned_about_xla.exchange(true)) return;
+  LOG(WARNING) << "Large Model Support: XLA cluster "
+               << context->op_kernel().name()
+               << " runs with LMS on. XLA allocates its buffers itself and LMS "
+                  "never moves them, so memory inside XLA clusters is not "
+                  "managed by LMS. For LMS to page tensors out, compile without "
+                  "XLA: model.compile(jit_compile=False) in Keras, "
+                  "tf.function(jit_compile=False), and "
+                  "TF_XLA_FLAGS=--tf_xla_auto_jit=0.";
+}
+
 }  // namespace
 
 bool KernelReadsNoInputBytes(absl::string_view op_type) {
@@ -194,6 +225,10 @@ bool KernelReadsNoListElements(absl::string_view op_type) {
 
 absl::Status PinKernelInputs(OpKernelContext* context, ScopedTensorPins* pins) {
   const absl::string_view op_type = context->op_kernel().type_string_view();
+  if (!warned_about_xla.load(std::memory_order_relaxed) &&
+      IsXlaClusterLaunch(context->op_kernel())) {
+    WarnOnceAboutXla(context);
+  }
   if (KernelReadsNoInputBytes(op_type)) return absl::OkStatus();
   const int only = OnlyInputReadByKernel(op_type);
   if (only >= 0) {

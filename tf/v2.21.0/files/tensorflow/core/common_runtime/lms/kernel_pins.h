@@ -43,6 +43,9 @@ limitations under the License.
 // move element tensors around (TensorListSetItem, GetItem, PushBack, ...) pin
 // the list's plain inputs but not its elements.
 //
+// The first XLA cluster launched with LMS on logs a warning: XLA's buffers are
+// raw allocations that never move, so LMS cannot help inside a cluster.
+//
 // With no movable allocator in the process every function here returns after
 // one relaxed atomic load.
 #ifndef TENSORFLOW_CORE_COMMON_RUNTIME_LMS_KERNEL_PINS_H_
