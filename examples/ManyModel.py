@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     model.compile(
         optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
         loss="sparse_categorical_crossentropy",
+        # LMS cannot move the buffers of XLA clusters (docs/enabling.md).
+        jit_compile=False if lms_on else "auto",
     )
     callbacks = []
     stats_logger = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -59,6 +60,19 @@ class LMSKerasCallback(tf.keras.callbacks.Callback):
             self.translation, "LMSKerasCallback", CALLBACK_ADVICE
         )
         self.stats: StatsReporter | None = None
+
+    def set_model(self, model: Any) -> None:
+        # fit() hands the callback its model before it builds the train function.
+        # XLA allocates a cluster's buffers itself and LMS never moves them, and
+        # Keras 3 compiles fit with XLA by default on a GPU: compile without it.
+        super().set_model(model)
+        if self.translation.enabled and getattr(model, "jit_compile", False):
+            model.jit_compile = False
+            logging.getLogger(__name__).warning(
+                "LMSKerasCallback: compiling %s without XLA (jit_compile=False): Large "
+                "Model Support cannot move the buffers of XLA clusters.",
+                getattr(model, "name", "the model"),
+            )
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
         if self.translation.debug:

@@ -519,3 +519,23 @@ SCENARIOS = {"sessions": _sessions_scenario, "keras": _keras_scenario}
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--patched-scenario":
     print(json.dumps(SCENARIOS[sys.argv[2]]()))
+
+
+def test_keras_callback_compiles_without_xla_when_lms_is_on() -> None:
+    # On stock TensorFlow the callback cannot switch LMS on; its translation is
+    # set directly here to check what set_model does with a model compiled
+    # with XLA.
+    import keras  # noqa: PLC0415
+
+    from tensorflow_large_model_support.keras_callback import LMSKerasCallback  # noqa: PLC0415
+    from tensorflow_large_model_support.parameters import SET_ENABLED, Translation  # noqa: PLC0415
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(loss="mse", jit_compile=True)
+    assert model.jit_compile
+    callback = LMSKerasCallback(n_tensors=0)  # LMS off: set_model leaves XLA alone
+    callback.set_model(model)
+    assert model.jit_compile
+    callback.translation = Translation(settings={SET_ENABLED: True})
+    callback.set_model(model)
+    assert not model.jit_compile
