@@ -187,6 +187,9 @@ Status Engine::Impl::DefragFor(std::unique_lock<std::mutex>& lock,
 
 Status Engine::Impl::Defragment(size_t* bytes_moved) {
   *bytes_moved = 0;
+  // Fixed-address mode: nothing may move, and there is no physical
+  // fragmentation to undo (any page backs any address).
+  if (fixed_) return Status::Ok();
   std::unique_lock<std::mutex> lock(mu_);
   for (int pass = 0; pass < kMaxCompactionPasses; ++pass) {
     // Movable buffers, highest address first.

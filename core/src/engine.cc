@@ -66,6 +66,23 @@ Engine::Impl::~Impl() {
   }
   all_head_ = nullptr;
   by_id_.clear();
+  if (fixed_ && vbase_ != nullptr) {
+    // Queued work may still touch mapped pages: let every stream drain
+    // before the pages go.
+    for (StreamKind k : {StreamKind::kCompute, StreamKind::kDeviceToHost,
+                         StreamKind::kHostToDevice}) {
+      Status s;
+      EventRef e = device_->RecordEvent(device_->GetStream(k), &s);
+      if (e) device_->SynchronizeEvent(e);
+    }
+    for (size_t i = 0; i < pages_.size(); ++i) {
+      if (pages_[i].mapped) {
+        device_->UnmapPages(vbase_ + i * page_size_, page_size_);
+      }
+    }
+    arena_.reset();  // returns its regions to the range's bookkeeping
+    device_->ReleaseAddressRange(vbase_, vbytes_);
+  }
 }
 
 Status Engine::Impl::Init() {
@@ -84,6 +101,13 @@ Status Engine::Impl::Init() {
   TFLMS_RETURN_IF_ERROR(SetLmsLimit(options_.lms_limit));
   if (options_.prefetch_budget_bytes == 0) {
     options_.prefetch_budget_bytes = options_.memory_limit / 8;
+  }
+  if (options_.fixed_addresses) {
+    fixed_ = true;
+    TFLMS_RETURN_IF_ERROR(InitFixed());
+    host_pool_ =
+        std::make_unique<HostPool>(device_, options_.host_memory_limit);
+    return Status::Ok();
   }
   device_sub_ = std::make_unique<DeviceSubAllocator>(device_);
   BfcArena::Options arena_options;
@@ -129,6 +153,10 @@ bool Engine::Impl::RejectLargerThanDevice(size_t bytes, Status* status) {
 BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
     std::unique_lock<std::mutex>& lock, size_t bytes, Buffer* owner,
     AllocSource max_source, Status* status, size_t protect_until) {
+  if (fixed_) {
+    return AllocateChunkFixed(lock, bytes, owner, max_source, status,
+                              protect_until);
+  }
   // Callers passed RejectLargerThanDevice (buffers were created through it),
   // so rounding cannot overflow here.
   const size_t rounded = BfcArena::RoundedBytes(bytes);
@@ -259,6 +287,10 @@ void Engine::Impl::DeallocateRaw(void* ptr) {
     return;  // not a raw allocation of this engine: ignore, never corrupt
   }
   AddChunkBytes(nullptr, -static_cast<int64_t>(arena_->chunk(h)->size));
+  if (fixed_) {
+    ReleaseRangeFixed(arena_->chunk(h)->ptr, arena_->chunk(h)->size,
+                      Release::kFreed);
+  }
   arena_->FreeChunk(h);
 }
 
@@ -293,6 +325,7 @@ Buffer* Engine::Impl::AllocateBuffer(size_t bytes, bool pinned,
     return nullptr;
   }
   b->chunk = h;
+  if (fixed_) b->vchunk = h;
   b->device_ptr = arena_->chunk(h)->ptr;
   TrackBuffer(b);
   if (!b->active()) LruPush(b);
@@ -335,8 +368,19 @@ void Engine::Impl::DestroyBufferLocked(Buffer* b) {
   if (b->resident()) {
     if (b->in_lru) LruRemove(b);
     AddChunkBytes(b, -static_cast<int64_t>(arena_->chunk(b->chunk)->size));
+    if (fixed_) {
+      ReleaseRangeFixed(arena_->chunk(b->chunk)->ptr,
+                        arena_->chunk(b->chunk)->size, Release::kFreed);
+    }
     arena_->FreeChunk(b->chunk);
     b->chunk = BfcArena::kInvalidChunk;
+    b->vchunk = BfcArena::kInvalidChunk;
+  } else if (b->vchunk != BfcArena::kInvalidChunk) {
+    // Fixed-address mode: an evicted buffer still holds its addresses.
+    DropEvictedRangeFixed(arena_->chunk(b->vchunk)->ptr,
+                          arena_->chunk(b->vchunk)->size);
+    arena_->FreeChunk(b->vchunk);
+    b->vchunk = BfcArena::kInvalidChunk;
   }
   if (b->host_ptr != nullptr) {
     counters_.current_bytes_reclaimed -= static_cast<int64_t>(b->host_bytes);
@@ -443,6 +487,7 @@ EngineStats Engine::GetStats() const { return impl_->GetStats(); }
 void Engine::ClearStats() { impl_->ClearStats(); }
 void Engine::GetFreeSpace(size_t* largest_free, size_t* total_free) const {
   std::lock_guard<std::mutex> lock(impl_->mu_);
+  // In fixed-address mode: of the virtual range's regions.
   *largest_free = impl_->arena_->LargestFreeChunk();
   *total_free = impl_->arena_->TotalFreeBytes();
 }

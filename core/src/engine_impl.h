@@ -7,6 +7,7 @@
 //   defrag.cc     defragmentation (moves within the device)
 //   prefetch.cc   step-pattern prefetch
 //   stats.cc      statistics snapshot, invariants, out-of-memory messages
+//   fixed_address.cc  fixed-address mode: page table, map/unmap, its ladder
 //
 // Locking discipline:
 //   * mu_ guards the arena, every Buffer field, the LRU, the counters and
@@ -46,6 +47,12 @@ class Buffer {
   void* host_ptr = nullptr;  // the host copy while reclaimed
   size_t host_bytes = 0;
   int pin_count = 0;
+  // Fixed-address mode: the buffer's virtual chunk for its whole life
+  // (`chunk` equals it while resident, kInvalidChunk while evicted), and the
+  // free sequence number (Impl::free_seq_) read before its last_use was
+  // recorded: once last_use is known complete, so are all frees up to it.
+  BfcArena::ChunkHandle vchunk = BfcArena::kInvalidChunk;
+  uint64_t last_use_free_seq = 0;
   BufferState state = BufferState::kResident;
   bool unmovable = false;
   bool free_requested = false;  // freed while a copy was in flight
@@ -165,6 +172,57 @@ class Engine::Impl {
   // learned yet.
   size_t NextUse(const Buffer* b) const;
 
+  // ---- fixed_address.cc ----
+  // Reserves the virtual range and sets up the page table (Init).
+  Status InitFixed();
+  // Fixed-mode AllocateChunk: a virtual chunk plus its pages mapped.
+  BfcArena::ChunkHandle AllocateChunkFixed(std::unique_lock<std::mutex>& lock,
+                                           size_t bytes, Buffer* owner,
+                                           AllocSource max_source,
+                                           Status* status,
+                                           size_t protect_until);
+  // Makes [ptr, ptr + size) resident: maps its unmapped pages, trimming
+  // cached pages and evicting inactive buffers (mu_ released meanwhile)
+  // when the budget is short. `from_evicted`: the range belongs to an
+  // evicted buffer (page-in). *source: the ladder step that made room.
+  Status MakeResidentFixed(std::unique_lock<std::mutex>& lock, char* ptr,
+                           size_t size, bool from_evicted,
+                           AllocSource max_source, size_t protect_until,
+                           AllocSource* source);
+  // A resident allocation's range stops being resident. kFreed: freed (the
+  // pages become cached, unmapped later); kEvicted: its bytes are on the
+  // host, its pages that nothing resident shares are unmapped now where
+  // that is proven safe. Returns an error (and changes nothing) only if the
+  // first unmap fails, so the caller can keep the buffer resident.
+  enum class Release {
+    kFreed,              // freed: pages become cached
+    kEvicted,            // bytes on the host: unmap what is safe
+    kEvictedKeepMapped,  // a page-in failed before its copy: back to
+                         // evicted, pages stay mapped (cached)
+  };
+  Status ReleaseRangeFixed(const char* ptr, size_t size, Release how);
+  // An evicted buffer is destroyed: its pages lose their evicted reference.
+  void DropEvictedRangeFixed(const char* ptr, size_t size);
+  // Unmaps up to `want` cached pages outside [lo, hi) (page indexes); waits
+  // (mu_ released) for the compute stream when a recent free may still be
+  // read by queued work. Returns pages unmapped.
+  size_t TrimCachedPages(std::unique_lock<std::mutex>& lock, size_t want,
+                         size_t lo, size_t hi, Status* status);
+  std::vector<Buffer*> ChoosePageVictims(size_t deficit, size_t lo, size_t hi,
+                                         size_t protect_until,
+                                         size_t max_victims);
+  Status CheckPagesLocked() const;
+  void FillFixedStats(EngineStats* s) const;
+  size_t PageIndex(const void* ptr) const {
+    return static_cast<size_t>(static_cast<const char*>(ptr) - vbase_) /
+           page_size_;
+  }
+  // First page and one past the last page of a byte range.
+  void PageSpan(const char* ptr, size_t size, size_t* lo, size_t* hi) const {
+    *lo = PageIndex(ptr);
+    *hi = PageIndex(ptr + size - 1) + 1;
+  }
+
   // ---- stats.cc ----
   EngineStats GetStats() const;
   void ClearStats();
@@ -188,6 +246,37 @@ class Engine::Impl {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;  // buffer state transitions
+
+  // Fixed-address mode state (all guarded by mu_ except the constants).
+  struct Page {
+    int32_t resident = 0;  // resident allocations' chunks on the page
+    int32_t evicted = 0;   // evicted buffers' chunks on the page
+    bool mapped = false;
+    uint64_t last_free_seq = 0;  // free_seq_ of the last free touching it
+  };
+  enum PageClass { kPageFree, kPageEvicted, kPageInUse, kPageCached };
+  static PageClass Classify(const Page& p) {
+    if (p.mapped) return p.resident > 0 ? kPageInUse : kPageCached;
+    return p.evicted > 0 ? kPageEvicted : kPageFree;
+  }
+  bool fixed_ = false;          // options_.fixed_addresses, constant
+  size_t page_size_ = 0;        // constant after Init
+  size_t budget_pages_ = 0;     // memory_limit / page_size, constant
+  char* vbase_ = nullptr;       // the reserved range, constant after Init
+  size_t vbytes_ = 0;
+  std::vector<Page> pages_;
+  size_t page_count_[4] = {0, 0, 0, 0};  // pages per PageClass
+  size_t mapped_pages_ = 0;     // kPageInUse + kPageCached
+  uint64_t free_seq_ = 0;       // bumped by every free of a resident range
+  // Every free with a sequence number <= this is known complete on the
+  // device: no queued work reads its pages any more.
+  uint64_t synced_seq_ = 0;
+  int64_t resident_bytes_ = 0;       // bytes_active_ + bytes_inactive_
+  int64_t peak_resident_bytes_ = 0;  // its peak (fixed-mode bytes_in_use)
+  int64_t peak_mapped_bytes_ = 0;    // fixed-mode peak_bytes_reserved
+  // Owner of a chunk between FindChunk and the end of MakeResidentFixed
+  // (mu_ may be released meanwhile); CheckInvariants skips such chunks.
+  char claiming_tag_ = 0;
 
   std::unique_ptr<SubAllocator> device_sub_;
   std::unique_ptr<BfcArena> arena_;    // guarded by mu_

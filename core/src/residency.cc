@@ -12,6 +12,10 @@
 //   A FreeBuffer that finds a transient state sets free_requested; whoever
 //   settles the state destroys the buffer (PageIn leaves that to its caller).
 //   Resident --(defrag)--> [Moving] --> Resident (new or old address)
+//   In fixed-address mode (fixed_address.cc) the address never changes: a
+//   page-out keeps the buffer's virtual chunk and unmaps its unshared pages
+//   once the copy is synchronized (a failed first unmap is handled like a
+//   failed copy); a page-in maps pages back behind the same chunk.
 //
 // Guarantees:
 //   * A device chunk is freed only after the event that proves its bytes
@@ -27,6 +31,7 @@
 //     on cv_, so no kernel ever sees a half-moved buffer.
 //   * MarkUnmovable returns only after the bytes are resident (host-side
 //     wait), since an escaped address is read outside every stream.
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -160,7 +165,20 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
   transitions_in_flight_ -= static_cast<int>(copies.size());
   for (Copy& c : copies) {
     Buffer* v = c.buffer;
-    const bool copied = c.host != nullptr && sync.ok();
+    bool copied = c.host != nullptr && sync.ok();
+    if (copied && fixed_) {
+      // The D2H copy waited for v's last use, so every free numbered before
+      // that use was recorded is complete too.
+      if (v->last_use) {
+        synced_seq_ = std::max(synced_seq_, v->last_use_free_seq);
+      }
+      const BfcArena::Chunk* vc = arena_->chunk(v->chunk);
+      Status us = ReleaseRangeFixed(vc->ptr, vc->size, Release::kEvicted);
+      if (!us.ok()) {  // nothing unmapped: v stays resident, intact
+        status = us;
+        copied = false;
+      }
+    }
     if (!copied) {
       if (c.host != nullptr) host_pool_->Free(c.host);
       v->state = BufferState::kResident;
@@ -173,9 +191,11 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
     }
     const size_t chunk_size = arena_->chunk(v->chunk)->size;
     AddChunkBytes(v, -static_cast<int64_t>(chunk_size));
-    arena_->FreeChunk(v->chunk);
+    if (!fixed_) {
+      arena_->FreeChunk(v->chunk);
+      v->device_ptr = nullptr;
+    }  // else v keeps its virtual chunk (vchunk) and address
     v->chunk = BfcArena::kInvalidChunk;
-    v->device_ptr = nullptr;
     v->host_ptr = c.host;
     v->host_bytes = v->size;
     v->last_use.reset();
@@ -197,10 +217,25 @@ Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
                             bool for_prefetch, size_t protect_until) {
   b->state = BufferState::kPagingIn;
   Status status;
-  BfcArena::ChunkHandle h = AllocateChunk(
-      lock, b->size, b,
-      for_prefetch ? AllocSource::kSingleReclaim : AllocSource::kFullReclaim,
-      &status, protect_until);
+  const AllocSource max_source =
+      for_prefetch ? AllocSource::kSingleReclaim : AllocSource::kFullReclaim;
+  BfcArena::ChunkHandle h = BfcArena::kInvalidChunk;
+  if (fixed_) {
+    // Same address: map pages back behind the buffer's own virtual chunk.
+    AllocSource source;
+    status = MakeResidentFixed(lock, arena_->chunk(b->vchunk)->ptr,
+                               arena_->chunk(b->vchunk)->size,
+                               /*from_evicted=*/true, max_source,
+                               protect_until, &source);
+    if (status.ok()) {
+      h = b->vchunk;
+      AddChunkBytes(b, static_cast<int64_t>(arena_->chunk(h)->size));
+    } else if (status.code() == Code::kResourceExhausted) {
+      ++counters_.num_ooms;
+    }
+  } else {
+    h = AllocateChunk(lock, b->size, b, max_source, &status, protect_until);
+  }
   if (h == BfcArena::kInvalidChunk) {
     b->state = BufferState::kReclaimed;
     cv_.notify_all();
@@ -229,9 +264,14 @@ Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
   --transitions_in_flight_;
   if (!status.ok()) {
     AddChunkBytes(b, -static_cast<int64_t>(arena_->chunk(h)->size));
-    arena_->FreeChunk(h);
+    if (fixed_) {
+      ReleaseRangeFixed(arena_->chunk(h)->ptr, arena_->chunk(h)->size,
+                        Release::kEvictedKeepMapped);
+    } else {
+      arena_->FreeChunk(h);
+      b->device_ptr = nullptr;
+    }
     b->chunk = BfcArena::kInvalidChunk;
-    b->device_ptr = nullptr;
     b->state = BufferState::kReclaimed;
     cv_.notify_all();
     return status;
@@ -308,12 +348,16 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
 
 Status Engine::Impl::Unpin(Buffer* b) {
   if (b == nullptr) return InvalidArgument("buffer must not be null");
+  // Read before the event is recorded: every free numbered up to here came
+  // before it on the compute stream (fixed-address mode's unmap safety).
+  uint64_t free_seq = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (b->pin_count <= 0) {
       return FailedPrecondition("unpin of buffer " + std::to_string(b->id) +
                                 " without a matching pin");
     }
+    free_seq = free_seq_;
   }
   // The event marks the buffer's last use: every kernel enqueued so far.
   Status status;
@@ -326,7 +370,10 @@ Status Engine::Impl::Unpin(Buffer* b) {
   }
   const bool was_active = b->active();
   --b->pin_count;
-  if (last_use) b->last_use = std::move(last_use);
+  if (last_use) {
+    b->last_use = std::move(last_use);
+    b->last_use_free_seq = free_seq;
+  }
   SetActivity(b, was_active);
   return status;
 }

@@ -12,11 +12,15 @@
 #include <cstring>
 #include <string>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 namespace tflms {
 namespace {
 
 // Synthetic device addresses when no bytes are stored; never dereferenced.
 constexpr uintptr_t kFakeDeviceBase = uintptr_t{1} << 40;
+constexpr uintptr_t kFakeVirtualBase = uintptr_t{1} << 42;
 constexpr size_t kArenaAlignment = 256;
 
 int Index(StreamKind kind) { return static_cast<int>(kind); }
@@ -141,6 +145,7 @@ SimDevice::SimDevice(const SimOptions& options) : options_(options) {
 SimDevice::~SimDevice() {
   for (auto& s : streams_) s.reset();  // drains and joins the workers
   std::free(arena_);
+  if (vm_base_ != nullptr && options_.store_data) munmap(vm_base_, vm_bytes_);
 }
 
 void* SimDevice::AllocateDeviceMemory(size_t bytes, size_t alignment) {
@@ -209,6 +214,152 @@ bool SimDevice::InArena(const void* ptr, size_t bytes) const {
   return p >= base_ && p + bytes <= base_ + options_.device_memory + 256;
 }
 
+bool SimDevice::InDevice(const void* ptr, size_t bytes) const {
+  return InArena(ptr, bytes) || IsMapped(ptr, bytes);
+}
+
+bool SimDevice::IsMapped(const void* ptr, size_t bytes) const {
+  const char* p = static_cast<const char*>(ptr);
+  std::lock_guard<std::mutex> lock(vm_mu_);
+  if (vm_base_ == nullptr || bytes == 0 || p < vm_base_ ||
+      p + bytes > vm_base_ + vm_bytes_) {
+    return false;
+  }
+  const size_t lo = static_cast<size_t>(p - vm_base_) / vm_page_;
+  const size_t hi = static_cast<size_t>(p + bytes - 1 - vm_base_) / vm_page_;
+  for (size_t i = lo; i <= hi; ++i) {
+    if (!vm_mapped_[i]) return false;
+  }
+  return true;
+}
+
+bool SimDevice::TakeFault(std::atomic<int>* counter) {
+  int expected = counter->load();
+  while (expected > 0 &&
+         !counter->compare_exchange_weak(expected, expected - 1)) {
+  }
+  return expected > 0;
+}
+
+size_t SimDevice::VmGranularity() const {
+  return static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+Status SimDevice::ReserveAddressRange(size_t bytes, size_t page_size,
+                                      void** base) {
+  *base = nullptr;
+  if (bytes == 0 || page_size == 0 || page_size % VmGranularity() != 0 ||
+      bytes % page_size != 0) {
+    return InvalidArgument("reserve: bytes must be a positive multiple of a "
+                           "page size that is a multiple of the OS page");
+  }
+  std::lock_guard<std::mutex> lock(vm_mu_);
+  if (vm_base_ != nullptr) {
+    return FailedPrecondition("the sim device holds one reserved range");
+  }
+  char* p;
+  if (options_.store_data) {
+    // No access and no memory behind it until pages are mapped.
+    void* m = mmap(nullptr, bytes, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+      return ResourceExhausted("mmap of " + std::to_string(bytes) +
+                               " bytes of address space failed");
+    }
+    p = static_cast<char*>(m);
+  } else {
+    p = reinterpret_cast<char*>(kFakeVirtualBase);
+  }
+  vm_base_ = p;
+  vm_bytes_ = bytes;
+  vm_page_ = page_size;
+  vm_mapped_.assign(bytes / page_size, 0);
+  vm_mapped_pages_ = 0;
+  *base = p;
+  return Status::Ok();
+}
+
+Status SimDevice::ReleaseAddressRange(void* base, size_t bytes) {
+  std::lock_guard<std::mutex> lock(vm_mu_);
+  if (base != vm_base_ || bytes != vm_bytes_) {
+    return InvalidArgument("release of a range that was not reserved");
+  }
+  if (vm_mapped_pages_ != 0) {
+    return FailedPrecondition("release of a range with pages still mapped");
+  }
+  if (options_.store_data) munmap(vm_base_, vm_bytes_);
+  vm_base_ = nullptr;
+  vm_bytes_ = 0;
+  vm_mapped_.clear();
+  return Status::Ok();
+}
+
+Status SimDevice::MapPages(void* addr, size_t bytes) {
+  char* p = static_cast<char*>(addr);
+  std::lock_guard<std::mutex> lock(vm_mu_);
+  if (vm_base_ == nullptr || p < vm_base_ || bytes == 0 ||
+      p + bytes > vm_base_ + vm_bytes_ ||
+      static_cast<size_t>(p - vm_base_) % vm_page_ != 0 ||
+      bytes % vm_page_ != 0) {
+    return InvalidArgument("map: not whole pages of the reserved range");
+  }
+  const size_t lo = static_cast<size_t>(p - vm_base_) / vm_page_;
+  const size_t n = bytes / vm_page_;
+  for (size_t i = lo; i < lo + n; ++i) {
+    if (vm_mapped_[i]) return InvalidArgument("map: page already mapped");
+  }
+  if (TakeFault(&fail_maps_)) {
+    return Internal("simulated map failure (fault injection)");
+  }
+  if ((vm_mapped_pages_ + n) * vm_page_ > options_.device_memory) {
+    return ResourceExhausted("map: no physical pages left on the device");
+  }
+  if (options_.store_data &&
+      mprotect(p, bytes, PROT_READ | PROT_WRITE) != 0) {
+    return Internal("mprotect failed mapping " + std::to_string(bytes) +
+                    " bytes");
+  }
+  for (size_t i = lo; i < lo + n; ++i) vm_mapped_[i] = 1;
+  vm_mapped_pages_ += n;
+  return Status::Ok();
+}
+
+Status SimDevice::UnmapPages(void* addr, size_t bytes) {
+  char* p = static_cast<char*>(addr);
+  std::lock_guard<std::mutex> lock(vm_mu_);
+  if (vm_base_ == nullptr || p < vm_base_ || bytes == 0 ||
+      p + bytes > vm_base_ + vm_bytes_ ||
+      static_cast<size_t>(p - vm_base_) % vm_page_ != 0 ||
+      bytes % vm_page_ != 0) {
+    return InvalidArgument("unmap: not whole pages of the reserved range");
+  }
+  const size_t lo = static_cast<size_t>(p - vm_base_) / vm_page_;
+  const size_t n = bytes / vm_page_;
+  for (size_t i = lo; i < lo + n; ++i) {
+    if (!vm_mapped_[i]) return InvalidArgument("unmap: page not mapped");
+  }
+  if (TakeFault(&fail_unmaps_)) {
+    return Internal("simulated unmap failure (fault injection)");
+  }
+  // A fresh inaccessible mapping over the pages: their bytes are discarded
+  // and any later access faults.
+  if (options_.store_data &&
+      mmap(p, bytes, PROT_NONE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+           0) == MAP_FAILED) {
+    return Internal("mmap failed unmapping " + std::to_string(bytes) +
+                    " bytes");
+  }
+  for (size_t i = lo; i < lo + n; ++i) vm_mapped_[i] = 0;
+  vm_mapped_pages_ -= n;
+  return Status::Ok();
+}
+
+int64_t SimDevice::mapped_bytes() const {
+  std::lock_guard<std::mutex> lock(vm_mu_);
+  return static_cast<int64_t>(vm_mapped_pages_ * vm_page_);
+}
+
 Status SimDevice::EnqueueCopy(Stream* stream, void* dst, const void* src,
                               size_t bytes, double bytes_per_second) {
   auto* s = static_cast<SimStream*>(stream);
@@ -256,7 +407,7 @@ Status SimDevice::EnqueueCopy(Stream* stream, void* dst, const void* src,
 
 Status SimDevice::CopyDeviceToHost(Stream* stream, void* host_dst,
                                    const void* device_src, size_t bytes) {
-  if (!InArena(device_src, bytes)) {
+  if (!InDevice(device_src, bytes)) {
     return InvalidArgument("device-to-host copy from outside device memory");
   }
   return EnqueueCopy(stream, host_dst, device_src, bytes,
@@ -265,7 +416,7 @@ Status SimDevice::CopyDeviceToHost(Stream* stream, void* host_dst,
 
 Status SimDevice::CopyHostToDevice(Stream* stream, void* device_dst,
                                    const void* host_src, size_t bytes) {
-  if (!InArena(device_dst, bytes)) {
+  if (!InDevice(device_dst, bytes)) {
     return InvalidArgument("host-to-device copy to outside device memory");
   }
   return EnqueueCopy(stream, device_dst, host_src, bytes,
@@ -274,7 +425,7 @@ Status SimDevice::CopyHostToDevice(Stream* stream, void* device_dst,
 
 Status SimDevice::CopyDeviceToDevice(Stream* stream, void* device_dst,
                                      const void* device_src, size_t bytes) {
-  if (!InArena(device_dst, bytes) || !InArena(device_src, bytes)) {
+  if (!InDevice(device_dst, bytes) || !InDevice(device_src, bytes)) {
     return InvalidArgument("device-to-device copy outside device memory");
   }
   // A device copy reads and writes device memory: half the bandwidth each.
@@ -333,7 +484,7 @@ Status SimDevice::ReadDeviceSync(void* host_dst, const void* device_src,
     return FailedPrecondition(
         "this simulated device stores no data (store_data=False)");
   }
-  if (!InArena(device_src, bytes)) {
+  if (!InDevice(device_src, bytes)) {
     return InvalidArgument("read from outside device memory");
   }
   Status status;
@@ -349,7 +500,7 @@ Status SimDevice::WriteDeviceSync(void* device_dst, const void* host_src,
     return FailedPrecondition(
         "this simulated device stores no data (store_data=False)");
   }
-  if (!InArena(device_dst, bytes)) {
+  if (!InDevice(device_dst, bytes)) {
     return InvalidArgument("write to outside device memory");
   }
   Status status;

@@ -18,9 +18,22 @@
 // Fault injection makes copies, device allocations or host allocations fail
 // on demand, to prove that the engine loses nothing when they do.
 //
+// Virtual memory (fixed-address mode): one reserved range at a time, made
+// with mmap(PROT_NONE) (no access, no memory); MapPages makes pages
+// accessible (mprotect), UnmapPages discards their bytes and protects them
+// again (mmap MAP_FIXED PROT_NONE over them), so a kernel -- any host code
+// in the sim -- touching an evicted buffer faults at once instead of reading
+// stale bytes. Mapped pages count against device_memory, as physical pages
+// do on a GPU; map and unmap failures can be injected. Copies and
+// synchronous accesses to the range are checked against the mapped pages
+// when enqueued (an engine bug shows as an error, not only as a crash).
+// Without store_data the range is synthetic: only the bookkeeping runs.
+// The VM methods are all or nothing.
+//
 // Thread safety: all methods are thread-safe. clock_mu_ guards the modelled
 // clocks; each stream's queue has its own lock; arena_mu_ guards the
-// sub-allocation maps. No two of these are held at once.
+// sub-allocation maps; vm_mu_ the virtual range's page map. No two of these
+// are held at once.
 #ifndef TFLMS_CORE_SRC_SIM_DEVICE_H_
 #define TFLMS_CORE_SRC_SIM_DEVICE_H_
 
@@ -33,6 +46,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "tflms/device.h"
 
@@ -86,7 +100,22 @@ class SimDevice : public Device {
   Status WriteDeviceSync(void* device_dst, const void* host_src,
                          size_t bytes) override;
 
+  size_t VmGranularity() const override;
+  Status ReserveAddressRange(size_t bytes, size_t page_size,
+                             void** base) override;
+  Status ReleaseAddressRange(void* base, size_t bytes) override;
+  Status MapPages(void* addr, size_t bytes) override;
+  Status UnmapPages(void* addr, size_t bytes) override;
+  // Bytes of the virtual range currently backed (tests check the engine's
+  // page accounting against it).
+  int64_t mapped_bytes() const;
+  // True if every page of [ptr, ptr + bytes) is mapped.
+  bool IsMapped(const void* ptr, size_t bytes) const;
+
   // ---- fault injection ----
+  // The next `n` MapPages / UnmapPages calls fail, changing nothing.
+  void FailNextMaps(int n) { fail_maps_ = n; }
+  void FailNextUnmaps(int n) { fail_unmaps_ = n; }
   // The next `n` copies enqueued on streams of `kind` fail asynchronously.
   void FailNextCopies(StreamKind kind, int n);
   // Every later copy on streams of `kind` first sleeps this long (really, not
@@ -113,6 +142,9 @@ class SimDevice : public Device {
   Status EnqueueCopy(Stream* stream, void* dst, const void* src, size_t bytes,
                      double bytes_per_second);
   bool InArena(const void* ptr, size_t bytes) const;
+  // InArena, or wholly inside mapped pages of the virtual range.
+  bool InDevice(const void* ptr, size_t bytes) const;
+  static bool TakeFault(std::atomic<int>* counter);
 
   const SimOptions options_;
   char* arena_ = nullptr;  // owned when store_data
@@ -129,6 +161,15 @@ class SimDevice : public Device {
   std::atomic<uintptr_t> next_fake_host_{uintptr_t{1} << 44};
 
   std::unique_ptr<SimStream> streams_[3];
+
+  mutable std::mutex vm_mu_;
+  char* vm_base_ = nullptr;          // guarded by vm_mu_
+  size_t vm_bytes_ = 0;              // guarded by vm_mu_
+  size_t vm_page_ = 0;               // guarded by vm_mu_
+  std::vector<uint8_t> vm_mapped_;   // per page; guarded by vm_mu_
+  size_t vm_mapped_pages_ = 0;       // guarded by vm_mu_
+  std::atomic<int> fail_maps_{0};
+  std::atomic<int> fail_unmaps_{0};
 
   mutable std::mutex clock_mu_;
   SimTimeline clock_;  // guarded by clock_mu_

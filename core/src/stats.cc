@@ -53,10 +53,22 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"num_allocs_from_full_reclaim", num_allocs_from_full_reclaim},
       {"num_allocs_from_defrag", num_allocs_from_defrag},
       {"num_ooms", num_ooms},
+      {"page_size", page_size},
+      {"physical_bytes_in_use", physical_bytes_in_use},
+      {"physical_bytes_cached", physical_bytes_cached},
+      {"physical_bytes_free", physical_bytes_free},
+      {"physical_bytes_evicted", physical_bytes_evicted},
+      {"virtual_bytes_reserved", virtual_bytes_reserved},
+      {"virtual_bytes_in_use", virtual_bytes_in_use},
+      {"num_pages_mapped", num_pages_mapped},
+      {"num_pages_unmapped", num_pages_unmapped},
+      {"num_map_failures", num_map_failures},
   };
 }
 
 void Engine::Impl::AddChunkBytes(const Buffer* owner, int64_t delta) {
+  resident_bytes_ += delta;
+  peak_resident_bytes_ = std::max(peak_resident_bytes_, resident_bytes_);
   if (owner == nullptr || owner->active()) {
     bytes_active_ += delta;
     counters_.peak_bytes_active =
@@ -117,6 +129,7 @@ EngineStats Engine::Impl::GetStats() const {
   s.host_peak_bytes_in_use =
       static_cast<int64_t>(host_pool_->peak_bytes_in_use());
   s.host_bytes_limit = static_cast<int64_t>(host_pool_->limit());
+  if (fixed_) FillFixedStats(&s);
   return s;
 }
 
@@ -136,14 +149,19 @@ Status Engine::Impl::CheckInvariants() const {
     for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
          h = arena_->chunk(h)->next) {
       const BfcArena::Chunk* c = arena_->chunk(h);
-      if (!c->in_use()) continue;
+      if (!c->in_use() || c->owner == &claiming_tag_) continue;
       const Buffer* b = static_cast<const Buffer*>(c->owner);
+      if (b != nullptr && live.count(b) == 0) {
+        owners_ok = false;
+        continue;
+      }
+      // Fixed-address mode: an evicted buffer keeps its virtual chunk.
+      if (b != nullptr && !b->resident()) continue;
       if (b == nullptr || b->active()) {
         active += static_cast<int64_t>(c->size);
       } else {
         inactive += static_cast<int64_t>(c->size);
       }
-      if (b != nullptr && live.count(b) == 0) owners_ok = false;
     }
   });
   if (!owners_ok) return Internal("a chunk is owned by an unknown buffer");
@@ -154,7 +172,9 @@ Status Engine::Impl::CheckInvariants() const {
       << " inactive " << inactive;
     return Internal(m.str());
   }
-  if (active + inactive != static_cast<int64_t>(arena_->bytes_in_use())) {
+  const int64_t in_use = fixed_ ? resident_bytes_
+                                : static_cast<int64_t>(arena_->bytes_in_use());
+  if (active + inactive != in_use) {
     return Internal("bytes_active + bytes_inactive != bytes_in_use");
   }
   int64_t reclaimed = 0;
@@ -164,6 +184,14 @@ Status Engine::Impl::CheckInvariants() const {
       if (b->resident() || b->host_ptr == nullptr) {
         return Internal("reclaimed buffer without a host copy");
       }
+      if (fixed_ && (b->vchunk == BfcArena::kInvalidChunk ||
+                     arena_->chunk(b->vchunk)->ptr != b->device_ptr)) {
+        return Internal("evicted buffer lost its fixed address");
+      }
+    }
+    // A buffer paging in still holds (and is counted by) its host copy
+    // while the ladder makes room for it with mu_ released.
+    if (b->host_ptr != nullptr) {
       reclaimed += static_cast<int64_t>(b->host_bytes);
     }
     if (b->resident()) {
@@ -189,6 +217,7 @@ Status Engine::Impl::CheckInvariants() const {
   if (reclaimed > static_cast<int64_t>(host_pool_->bytes_in_use())) {
     return Internal("reclaimed bytes exceed host bytes in use");
   }
+  if (fixed_) return CheckPagesLocked();
   return Status::Ok();
 }
 
@@ -220,6 +249,8 @@ void Engine::Impl::ClearStats() {
   counters_.current_bytes_reclaimed = current_reclaimed;
   counters_.peak_bytes_reclaimed = current_reclaimed;
   counters_.peak_bytes_active = bytes_active_;
+  peak_resident_bytes_ = resident_bytes_;
+  peak_mapped_bytes_ = static_cast<int64_t>(mapped_pages_ * page_size_);
 }
 
 std::string Engine::Impl::OutOfMemoryMessage(size_t bytes, size_t rounded,

@@ -12,6 +12,7 @@ std::string Status::ToString() const {
     case Code::kNotFound: name = "NOT_FOUND"; break;
     case Code::kResourceExhausted: name = "RESOURCE_EXHAUSTED"; break;
     case Code::kFailedPrecondition: name = "FAILED_PRECONDITION"; break;
+    case Code::kUnimplemented: name = "UNIMPLEMENTED"; break;
     case Code::kInternal: name = "INTERNAL"; break;
     case Code::kUnavailable: name = "UNAVAILABLE"; break;
   }

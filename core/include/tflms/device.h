@@ -22,11 +22,33 @@
 //     that a page-out failed, and why it never frees a chunk before the event
 //     that proves its bytes reached the host has been synchronized OK.
 //   * All methods are thread-safe.
+//
+// Virtual memory (optional; the engine's fixed-address mode needs it, see
+// engine.h). A backend that offers it reserves an address range with no
+// memory behind it and backs pages of it with physical memory on demand:
+//   * ReserveAddressRange fixes the page size of the range (a multiple of
+//     VmGranularity()); every later MapPages/UnmapPages names whole pages
+//     of it.
+//   * MapPages backs each page of [addr, addr + bytes) with its own
+//     physical page, so ANY page the engine mapped can later be unmapped on
+//     its own (CUDA's cuMemUnmap must cover exactly what one cuMemMap
+//     mapped; mapping page by page is what makes per-page unmapping legal).
+//     All or nothing: on failure no page of the call stays mapped. A page
+//     already mapped is an error (kInvalidArgument).
+//   * UnmapPages discards the bytes and makes the pages inaccessible again
+//     (an access faults). All or nothing as far as the backend can make it;
+//     the caller must have proven that no queued work still touches them
+//     (unmapping does not wait for streams).
+//   * Physical pages come from the device's memory; MapPages fails with
+//     kResourceExhausted when it has none left.
+// The defaults return kUnimplemented, so backends without it still compile
+// and the engine refuses fixed_addresses at Init with that message.
 #ifndef TFLMS_CORE_DEVICE_H_
 #define TFLMS_CORE_DEVICE_H_
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "tflms/status.h"
 
@@ -89,6 +111,35 @@ class Device {
                                 size_t bytes) = 0;
   virtual Status WriteDeviceSync(void* device_dst, const void* host_src,
                                  size_t bytes) = 0;
+
+  // ---- Virtual memory (optional) ----
+  // Smallest page size the backend can map (0: no virtual memory support).
+  virtual size_t VmGranularity() const { return 0; }
+  virtual Status ReserveAddressRange(size_t bytes, size_t page_size,
+                                     void** base) {
+    (void)bytes;
+    (void)page_size;
+    *base = nullptr;
+    return Unimplemented(std::string(Name()) +
+                         " has no virtual memory management (needed for "
+                         "fixed_addresses)");
+  }
+  // Every page must be unmapped before the range is released.
+  virtual Status ReleaseAddressRange(void* base, size_t bytes) {
+    (void)base;
+    (void)bytes;
+    return Unimplemented("no virtual memory management");
+  }
+  virtual Status MapPages(void* addr, size_t bytes) {
+    (void)addr;
+    (void)bytes;
+    return Unimplemented("no virtual memory management");
+  }
+  virtual Status UnmapPages(void* addr, size_t bytes) {
+    (void)addr;
+    (void)bytes;
+    return Unimplemented("no virtual memory management");
+  }
 };
 
 }  // namespace tflms

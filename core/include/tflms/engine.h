@@ -20,6 +20,18 @@
 // and then fails with a message that names the cause (see reclaim.cc for why
 // defragmentation runs before the costly reclaims).
 //
+// Fixed-address mode (EngineOptions::fixed_addresses, for the add-on to the
+// stock TensorFlow wheel, which cannot give a live tensor a new address): the
+// arena hands out addresses in a reserved virtual range larger than the
+// device, and the device backs pages of it with physical memory
+// (Device::MapPages). A buffer keeps its address for its whole life: eviction
+// copies its bytes to host and unmaps the pages no resident allocation
+// shares; page-in maps free physical pages back at the same address and
+// copies the bytes in. Pin therefore always returns the same address, a
+// touch of an evicted buffer's unmapped pages faults, and physical
+// fragmentation does not exist (any page backs any address): defrag_enabled
+// is ignored and Defragment() moves nothing. See fixed_address.cc.
+//
 // Thread safety: every public method may be called from any thread. One
 // mutex guards the arena and all buffer state; it is never held across a
 // copy or a host-blocking wait (see engine_impl.h).
@@ -70,6 +82,17 @@ struct EngineOptions {
   bool prefetch_enabled = false;
   size_t prefetch_budget_bytes = 0;  // 0 = memory_limit / 8
   int prefetch_lookahead = 256;      // pins looked ahead
+
+  // Fixed-address mode (see above). Off: everything behaves as without it.
+  bool fixed_addresses = false;
+  // Physical page size in that mode: a multiple of the device's
+  // VmGranularity() (CUDA: 2 MiB; the sim backend: the OS page size, so
+  // tests may use 64 KiB). memory_limit / page_size pages are the budget.
+  size_t page_size = size_t{2} << 20;
+  // Bytes of virtual address range to reserve; 0 = 4 x memory_limit. The
+  // range holds resident and evicted buffers alike (an evicted buffer keeps
+  // its addresses), so it bounds device plus host bytes of live buffers.
+  size_t virtual_address_bytes = 0;
 };
 
 class Buffer;  // Opaque; owned by the engine between AllocateBuffer and Free.
@@ -130,7 +153,8 @@ class Engine {
   // Moves every inactive buffer to host now. *bytes: bytes reclaimed.
   Status ReclaimInactive(size_t* bytes);
   // Compacts: moves inactive buffers toward low addresses so free space
-  // coalesces. *bytes_moved: bytes copied device->device.
+  // coalesces. *bytes_moved: bytes copied device->device. In fixed-address
+  // mode a no-op (nothing may move; no physical fragmentation exists).
   Status Defragment(size_t* bytes_moved);
   // Marks a training-step boundary (prefetch learns per step).
   void StepBegin();

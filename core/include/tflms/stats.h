@@ -9,6 +9,7 @@
 //   bytes_in_use <= bytes_reserved <= bytes_limit
 //   peak_X >= X for every pair
 //   current_bytes_reclaimed <= host_bytes_in_use
+//   fixed-address mode: the page identity below
 // All sizes are in bytes, all times in nanoseconds.
 #ifndef TFLMS_CORE_STATS_H_
 #define TFLMS_CORE_STATS_H_
@@ -70,6 +71,27 @@ struct EngineStats {
   int64_t num_allocs_from_defrag = 0;
 
   int64_t num_ooms = 0;
+
+  // --- fixed-address mode (all 0 without it) ---
+  // In that mode bytes_in_use counts the chunks of resident allocations,
+  // bytes_reserved the mapped physical pages, bytes_limit the page budget.
+  // Every page of the budget is exactly one of in use (mapped, a resident
+  // allocation on it), cached (mapped, none on it: freed, kept mapped until
+  // pages are needed), or free (not mapped):
+  //   physical_bytes_in_use + physical_bytes_cached + physical_bytes_free
+  //     == bytes_limit rounded down to pages
+  // physical_bytes_evicted: unmapped virtual pages that evicted buffers
+  // occupy (what their page-ins will map again); not part of the budget.
+  int64_t page_size = 0;
+  int64_t physical_bytes_in_use = 0;
+  int64_t physical_bytes_cached = 0;
+  int64_t physical_bytes_free = 0;
+  int64_t physical_bytes_evicted = 0;
+  int64_t virtual_bytes_reserved = 0;  // the reserved address range
+  int64_t virtual_bytes_in_use = 0;    // chunks of resident + evicted
+  int64_t num_pages_mapped = 0;        // cumulative page maps
+  int64_t num_pages_unmapped = 0;      // cumulative page unmaps
+  int64_t num_map_failures = 0;        // MapPages/UnmapPages calls that failed
 
   // Name/value pairs in a stable order (bindings and logs use this).
   std::vector<std::pair<std::string, int64_t>> Items() const;

@@ -21,6 +21,7 @@ enum class Code : int {
   kNotFound = 5,
   kResourceExhausted = 8,
   kFailedPrecondition = 9,
+  kUnimplemented = 12,
   kInternal = 13,
   kUnavailable = 14,
 };
@@ -51,6 +52,9 @@ inline Status ResourceExhausted(std::string m) {
 }
 inline Status FailedPrecondition(std::string m) {
   return Status(Code::kFailedPrecondition, std::move(m));
+}
+inline Status Unimplemented(std::string m) {
+  return Status(Code::kUnimplemented, std::move(m));
 }
 inline Status Internal(std::string m) {
   return Status(Code::kInternal, std::move(m));
