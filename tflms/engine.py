@@ -24,6 +24,14 @@ class Engine:
     Buffers start unpinned (inactive): the engine may page them out to host memory as
     soon as ``allocate`` returns. ``pin`` makes a buffer resident and returns its
     current device address; the address may change after ``unpin``.
+
+    With ``fixed_addresses=True`` (the mode of the add-on for the stock TensorFlow
+    wheel) it never does: the engine hands out addresses in a reserved virtual range
+    (``virtual_address_bytes``, default 4x ``device_memory``) and maps physical pages
+    of ``page_size`` bytes behind them (a multiple of the OS page on the sim backend;
+    2 MiB like CUDA by default). Eviction unmaps a buffer's unshared pages, so
+    touching it faults; page-in maps pages back at the same address. ``defrag`` is
+    ignored in this mode: nothing may move and no physical fragmentation exists.
     """
 
     def __init__(
@@ -44,6 +52,9 @@ class Engine:
         link_latency_us: float = 10.0,
         device_gbps: float = 1500.0,
         verify_moves: bool = False,
+        fixed_addresses: bool = False,
+        page_size: int = 2 << 20,
+        virtual_address_bytes: int = 0,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -62,6 +73,12 @@ class Engine:
                 "with lms=True, host_memory must be a positive byte count: it is where "
                 "reclaimed tensors live"
             )
+        for name, value in (
+            ("page_size", page_size),
+            ("virtual_address_bytes", virtual_address_bytes),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer byte count, got {value!r}")
         if prefetch_lookahead < 0:
             raise ValueError("prefetch_lookahead must be >= 0")
         self._engine = _core.Engine(
@@ -79,6 +96,9 @@ class Engine:
             link_latency_us=link_latency_us,
             device_gbps=device_gbps,
             verify_moves=verify_moves,
+            fixed_addresses=fixed_addresses,
+            page_size=page_size,
+            virtual_address_bytes=virtual_address_bytes,
         )
         self.device_memory = device_memory
         self.host_memory = host_memory
@@ -86,6 +106,7 @@ class Engine:
         self.defrag = defrag
         self.backend = backend
         self.store_data = store_data
+        self.fixed_addresses = fixed_addresses
 
     def allocate(self, nbytes: int, pinned: bool = False) -> Buffer:
         """A new buffer of ``nbytes``; raises OutOfMemoryError when it cannot fit."""
@@ -166,6 +187,19 @@ class Engine:
 
     def refuse_device_allocations(self, refuse: bool = True) -> None:
         self._engine.refuse_device_allocations(refuse)
+
+    def fail_next_maps(self, n: int = 1) -> None:
+        """Fixed-address mode: the next ``n`` page maps fail."""
+        self._engine.fail_next_maps(n)
+
+    def fail_next_unmaps(self, n: int = 1) -> None:
+        """Fixed-address mode: the next ``n`` page unmaps fail."""
+        self._engine.fail_next_unmaps(n)
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of the virtual range the sim device backs with pages now."""
+        return int(self._engine.mapped_bytes)
 
     def refuse_host_allocations(self, refuse: bool = True) -> None:
         self._engine.refuse_host_allocations(refuse)

@@ -1,6 +1,7 @@
 // Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
 #include "cuda_device.h"
 
+#include <cuda.h>  // driver API types only; entry points come at run time
 #include <cuda_runtime.h>
 
 #include <string>
@@ -31,6 +32,45 @@ class CudaDevice::CudaEvent : public Event {
   cudaEvent_t event;
 };
 
+struct CudaDevice::Vmm {
+  decltype(&cuMemAddressReserve) address_reserve = nullptr;
+  decltype(&cuMemAddressFree) address_free = nullptr;
+  decltype(&cuMemCreate) create = nullptr;
+  decltype(&cuMemRelease) release = nullptr;
+  decltype(&cuMemMap) map = nullptr;
+  decltype(&cuMemUnmap) unmap = nullptr;
+  decltype(&cuMemSetAccess) set_access = nullptr;
+  decltype(&cuMemGetAllocationGranularity) granularity = nullptr;
+  CUmemAllocationProp prop = {};
+  CUmemAccessDesc access = {};
+};
+
+namespace {
+
+Status FromDriver(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return Status::Ok();
+  const Code code = r == CUDA_ERROR_OUT_OF_MEMORY ? Code::kResourceExhausted
+                                                   : Code::kInternal;
+  return Status(code, std::string(what) + ": CUDA driver error " +
+                          std::to_string(static_cast<int>(r)));
+}
+
+template <typename F>
+bool Resolve(const char* name, F* fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault,
+                                       &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess || p == nullptr) {
+    cudaGetLastError();
+    return false;
+  }
+  *fn = reinterpret_cast<F>(p);
+  return true;
+}
+
+}  // namespace
+
 CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {}
 
 CudaDevice::~CudaDevice() {
@@ -39,6 +79,169 @@ CudaDevice::~CudaDevice() {
     if (s) cudaStreamSynchronize(s->stream);
     s.reset();
   }
+  std::lock_guard<std::mutex> lock(vm_mu_);
+  if (vmm_) {
+    for (const auto& m : vm_mapped_) {
+      vmm_->unmap(static_cast<CUdeviceptr>(m.first), vm_page_);
+      vm_pool_.push_back(m.second);
+    }
+    for (unsigned long long h : vm_pool_) vmm_->release(h);
+  }
+}
+
+Status CudaDevice::InitVmm() {
+  auto v = std::make_unique<Vmm>();
+  if (!Resolve("cuMemAddressReserve", &v->address_reserve) ||
+      !Resolve("cuMemAddressFree", &v->address_free) ||
+      !Resolve("cuMemCreate", &v->create) ||
+      !Resolve("cuMemRelease", &v->release) ||
+      !Resolve("cuMemMap", &v->map) || !Resolve("cuMemUnmap", &v->unmap) ||
+      !Resolve("cuMemSetAccess", &v->set_access) ||
+      !Resolve("cuMemGetAllocationGranularity", &v->granularity)) {
+    return Status::Ok();  // no VMM: fixed_addresses will be refused
+  }
+  decltype(&cuDeviceGet) device_get = nullptr;
+  decltype(&cuDeviceGetAttribute) get_attribute = nullptr;
+  CUdevice dev = 0;
+  int supported = 0;
+  if (!Resolve("cuDeviceGet", &device_get) ||
+      !Resolve("cuDeviceGetAttribute", &get_attribute) ||
+      device_get(&dev, ordinal_) != CUDA_SUCCESS ||
+      get_attribute(&supported,
+                    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                    dev) != CUDA_SUCCESS ||
+      !supported) {
+    return Status::Ok();
+  }
+  v->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  v->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  v->prop.location.id = ordinal_;
+  v->access.location = v->prop.location;
+  v->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  size_t g = 0;
+  TFLMS_RETURN_IF_ERROR(FromDriver(
+      v->granularity(&g, &v->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+      "cuMemGetAllocationGranularity"));
+  vm_granularity_ = g;
+  vmm_ = std::move(v);
+  return Status::Ok();
+}
+
+Status CudaDevice::ReserveAddressRange(size_t bytes, size_t page_size,
+                                       void** base) {
+  *base = nullptr;
+  if (!vmm_) return Unimplemented("this GPU or driver has no CUDA VMM");
+  if (page_size == 0 || page_size % vm_granularity_ != 0 ||
+      bytes % page_size != 0) {
+    return InvalidArgument("reserve: page size must be a multiple of the "
+                           "allocation granularity");
+  }
+  cudaSetDevice(ordinal_);
+  CUdeviceptr p = 0;
+  TFLMS_RETURN_IF_ERROR(FromDriver(
+      vmm_->address_reserve(&p, bytes, page_size, 0, 0),
+      "cuMemAddressReserve"));
+  std::lock_guard<std::mutex> lock(vm_mu_);
+  vm_page_ = page_size;
+  *base = reinterpret_cast<void*>(p);
+  return Status::Ok();
+}
+
+Status CudaDevice::ReleaseAddressRange(void* base, size_t bytes) {
+  if (!vmm_) return Unimplemented("no CUDA VMM");
+  cudaSetDevice(ordinal_);
+  return FromDriver(
+      vmm_->address_free(reinterpret_cast<CUdeviceptr>(base), bytes),
+      "cuMemAddressFree");
+}
+
+Status CudaDevice::MapPages(void* addr, size_t bytes) {
+  if (!vmm_) return Unimplemented("no CUDA VMM");
+  cudaSetDevice(ordinal_);
+  std::lock_guard<std::mutex> lock(vm_mu_);
+  const uintptr_t start = reinterpret_cast<uintptr_t>(addr);
+  if (vm_page_ == 0 || bytes == 0 || bytes % vm_page_ != 0) {
+    return InvalidArgument("map: not whole pages");
+  }
+  std::vector<uintptr_t> done;  // mapped by this call, undone on failure
+  Status status;
+  for (uintptr_t a = start; a < start + bytes; a += vm_page_) {
+    if (vm_mapped_.count(a) != 0) {
+      status = InvalidArgument("map: page already mapped");
+      break;
+    }
+    CUmemGenericAllocationHandle h;
+    if (!vm_pool_.empty()) {
+      h = vm_pool_.back();
+      vm_pool_.pop_back();
+    } else {
+      status = FromDriver(vmm_->create(&h, vm_page_, &vmm_->prop, 0),
+                          "cuMemCreate");
+      if (!status.ok()) break;
+    }
+    status = FromDriver(vmm_->map(static_cast<CUdeviceptr>(a), vm_page_, 0,
+                                  h, 0),
+                        "cuMemMap");
+    if (!status.ok()) {
+      vm_pool_.push_back(h);
+      break;
+    }
+    vm_mapped_[a] = h;
+    done.push_back(a);
+  }
+  if (status.ok()) {
+    // One call for the run: each page is its own mapping, access is set on
+    // the range they cover.
+    status = FromDriver(vmm_->set_access(static_cast<CUdeviceptr>(start),
+                                         bytes, &vmm_->access, 1),
+                        "cuMemSetAccess");
+  }
+  if (!status.ok()) {
+    for (uintptr_t a : done) {
+      vmm_->unmap(static_cast<CUdeviceptr>(a), vm_page_);
+      vm_pool_.push_back(vm_mapped_[a]);
+      vm_mapped_.erase(a);
+    }
+  }
+  return status;
+}
+
+Status CudaDevice::UnmapPages(void* addr, size_t bytes) {
+  if (!vmm_) return Unimplemented("no CUDA VMM");
+  cudaSetDevice(ordinal_);
+  std::lock_guard<std::mutex> lock(vm_mu_);
+  const uintptr_t start = reinterpret_cast<uintptr_t>(addr);
+  if (vm_page_ == 0 || bytes == 0 || bytes % vm_page_ != 0) {
+    return InvalidArgument("unmap: not whole pages");
+  }
+  for (uintptr_t a = start; a < start + bytes; a += vm_page_) {
+    if (vm_mapped_.count(a) == 0) {
+      return InvalidArgument("unmap: page not mapped");
+    }
+  }
+  std::vector<uintptr_t> done;
+  Status status;
+  for (uintptr_t a = start; a < start + bytes; a += vm_page_) {
+    status = FromDriver(vmm_->unmap(static_cast<CUdeviceptr>(a), vm_page_),
+                        "cuMemUnmap");
+    if (!status.ok()) break;
+    done.push_back(a);
+  }
+  if (!status.ok()) {
+    // All or nothing: a physical handle keeps its bytes while unmapped, so
+    // mapping the same handles back restores the pages exactly.
+    for (uintptr_t a : done) {
+      vmm_->map(static_cast<CUdeviceptr>(a), vm_page_, 0, vm_mapped_[a], 0);
+      vmm_->set_access(static_cast<CUdeviceptr>(a), vm_page_, &vmm_->access,
+                       1);
+    }
+    return status;
+  }
+  for (uintptr_t a : done) {
+    vm_pool_.push_back(vm_mapped_[a]);
+    vm_mapped_.erase(a);
+  }
+  return Status::Ok();
 }
 
 std::unique_ptr<CudaDevice> CudaDevice::Create(int device_ordinal,
@@ -65,7 +268,7 @@ Status CudaDevice::Init() {
         cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream"));
     streams_[i] = std::make_unique<CudaStream>(s);
   }
-  return Status::Ok();
+  return InitVmm();
 }
 
 void* CudaDevice::AllocateDeviceMemory(size_t bytes, size_t) {

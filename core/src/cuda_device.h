@@ -13,13 +13,32 @@
 // A failed asynchronous copy surfaces as the error of the next
 // cudaEventSynchronize on that stream, which is the contract device.h asks.
 //
+//   * virtual memory (fixed-address mode): CUDA virtual memory management,
+//     cuMemAddressReserve for the range; each page is its own physical
+//     allocation (cuMemCreate, pinned device memory on this GPU) mapped with
+//     its own cuMemMap, because cuMemUnmap must cover exactly what one
+//     cuMemMap mapped and the engine unmaps page by page; cuMemSetAccess
+//     after every map (an unmapped range is a bare reservation again).
+//     Unmapped pages' physical handles are kept in a pool and mapped again
+//     elsewhere instead of released and recreated (cuMemCreate is the slow
+//     call); they still hold GPU memory, which is what the engine's page
+//     budget counts. The driver entry points are resolved through the
+//     runtime (cudaGetDriverEntryPointByVersion), so nothing links against
+//     libcuda directly. Unmapping does not wait for streams: the engine
+//     proves the pages idle first (device.h).
+//
 // Thread safety: the CUDA runtime is thread-safe; this class keeps no mutable
 // state after construction besides the device selection, which every method
-// re-applies (cudaSetDevice) because CUDA's current device is per thread.
+// re-applies (cudaSetDevice) because CUDA's current device is per thread,
+// and the virtual memory bookkeeping, guarded by vm_mu_.
 #ifndef TFLMS_CORE_SRC_CUDA_DEVICE_H_
 #define TFLMS_CORE_SRC_CUDA_DEVICE_H_
 
+#include <cstdint>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "tflms/device.h"
 
@@ -54,15 +73,33 @@ class CudaDevice : public Device {
   Status WriteDeviceSync(void* device_dst, const void* host_src,
                          size_t bytes) override;
 
+  size_t VmGranularity() const override { return vm_granularity_; }
+  Status ReserveAddressRange(size_t bytes, size_t page_size,
+                             void** base) override;
+  Status ReleaseAddressRange(void* base, size_t bytes) override;
+  Status MapPages(void* addr, size_t bytes) override;
+  Status UnmapPages(void* addr, size_t bytes) override;
+
   class CudaStream;
   class CudaEvent;
+  struct Vmm;  // driver entry points
 
  private:
   explicit CudaDevice(int ordinal);
   Status Init();
+  Status InitVmm();  // leaves vm_granularity_ 0 when VMM is unsupported
 
   const int ordinal_;
   std::unique_ptr<CudaStream> streams_[3];
+  std::unique_ptr<Vmm> vmm_;
+  size_t vm_granularity_ = 0;  // constant after Init
+
+  std::mutex vm_mu_;
+  size_t vm_page_ = 0;  // guarded by vm_mu_
+  // Mapped page address -> its physical handle; unmapped handles, kept for
+  // reuse. Handles are CUmemGenericAllocationHandle (unsigned long long).
+  std::unordered_map<uintptr_t, unsigned long long> vm_mapped_;  // vm_mu_
+  std::vector<unsigned long long> vm_pool_;                      // vm_mu_
 };
 
 }  // namespace tflms

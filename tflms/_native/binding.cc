@@ -128,7 +128,8 @@ class PyEngine {
            bool prefetch, int64_t prefetch_budget, int prefetch_lookahead,
            bool allow_growth, int64_t lms_limit, bool store_data,
            double link_gbps, double link_latency_us, double device_gbps,
-           bool verify_moves) {
+           bool verify_moves, bool fixed_addresses, int64_t page_size,
+           int64_t virtual_address_bytes) {
     if (device_memory <= 0) {
       throw py::value_error("device_memory must be a positive byte count");
     }
@@ -136,6 +137,10 @@ class PyEngine {
     if (lms_limit < 0) throw py::value_error("lms_limit must be >= 0");
     if (prefetch_budget < 0) {
       throw py::value_error("prefetch_budget must be >= 0");
+    }
+    if (page_size <= 0 || virtual_address_bytes < 0) {
+      throw py::value_error(
+          "page_size must be positive, virtual_address_bytes >= 0");
     }
     if (link_gbps <= 0 || device_gbps <= 0 || link_latency_us < 0) {
       throw py::value_error(
@@ -159,6 +164,9 @@ class PyEngine {
     opt.prefetch_enabled = prefetch;
     opt.prefetch_budget_bytes = static_cast<size_t>(prefetch_budget);
     opt.prefetch_lookahead = prefetch_lookahead;
+    opt.fixed_addresses = fixed_addresses;
+    opt.page_size = static_cast<size_t>(page_size);
+    opt.virtual_address_bytes = static_cast<size_t>(virtual_address_bytes);
     holder_ = std::make_shared<EngineHolder>();
     holder_->lms = lms;
     holder_->device = std::make_unique<SimDevice>(sim);
@@ -328,13 +336,16 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<int64_t, int64_t, bool, bool, bool, int64_t, int, bool,
-                    int64_t, bool, double, double, double, bool>(),
+                    int64_t, bool, double, double, double, bool, bool, int64_t,
+                    int64_t>(),
            py::arg("device_memory"), py::arg("host_memory"), py::arg("lms"),
            py::arg("defrag"), py::arg("prefetch"), py::arg("prefetch_budget"),
            py::arg("prefetch_lookahead"), py::arg("allow_growth"),
            py::arg("lms_limit"), py::arg("store_data"), py::arg("link_gbps"),
            py::arg("link_latency_us"), py::arg("device_gbps"),
-           py::arg("verify_moves"))
+           py::arg("verify_moves"), py::arg("fixed_addresses") = false,
+           py::arg("page_size") = int64_t{2} << 20,
+           py::arg("virtual_address_bytes") = 0)
       .def("allocate", &PyEngine::Allocate, py::arg("nbytes"),
            py::arg("pinned") = false)
       .def("free", &PyEngine::Free)
@@ -369,6 +380,14 @@ PYBIND11_MODULE(_core, m) {
              e.holder().device->SynchronizeAll();
            })
       .def("timeline", &PyEngine::Timeline)
+      .def("fail_next_maps",
+           [](PyEngine& e, int n) { e.holder().device->FailNextMaps(n); })
+      .def("fail_next_unmaps",
+           [](PyEngine& e, int n) { e.holder().device->FailNextUnmaps(n); })
+      .def_property_readonly("mapped_bytes",
+                             [](PyEngine& e) {
+                               return e.holder().device->mapped_bytes();
+                             })
       .def("fail_next_copies",
            [](PyEngine& e, const std::string& kind, int n) {
              e.holder().device->FailNextCopies(ParseKind(kind), n);

@@ -1,0 +1,97 @@
+"""Fixed-address mode from Python: addresses never change, pages are accounted exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+import tflms
+
+KiB = 1 << 10
+MiB = 1 << 20
+PAGE = 64 * KiB
+
+
+def fixed_engine(pages: int = 8, host: int = 64 * MiB) -> tflms.Engine:
+    return tflms.Engine(
+        device_memory=pages * PAGE,
+        host_memory=host,
+        fixed_addresses=True,
+        page_size=PAGE,
+    )
+
+
+def test_same_address_and_bytes_after_eviction() -> None:
+    eng = fixed_engine()
+    bufs = []
+    for i in range(12):  # 12 x 2 pages live on 8 pages of device
+        buf = eng.allocate(2 * PAGE - 1000)
+        data = bytes([(i * 13 + j) % 251 for j in range(buf.nbytes)])
+        buf.write(data)
+        with eng.pinned(buf) as addr:
+            bufs.append((buf, addr, data))
+    stats = eng.stats()
+    assert stats["bytes_reclaimed"] > 0 and stats["num_pages_unmapped"] > 0
+    for buf, addr, data in bufs:
+        with eng.pinned(buf) as again:
+            assert again == addr
+        assert buf.read() == data
+        eng.check_invariants()
+    stats = eng.stats()
+    assert stats["page_size"] == PAGE
+    assert stats["bytes_reserved"] == eng.mapped_bytes
+    assert (
+        stats["physical_bytes_in_use"]
+        + stats["physical_bytes_cached"]
+        + stats["physical_bytes_free"]
+        == 8 * PAGE
+    )
+    for buf, _, _ in bufs:
+        eng.free(buf)
+    stats = eng.stats()
+    assert stats["physical_bytes_in_use"] == 0 and stats["physical_bytes_evicted"] == 0
+    assert stats["host_bytes_in_use"] == 0
+
+
+def test_page_accounting_on_a_scripted_sequence() -> None:
+    eng = fixed_engine()
+    a = eng.allocate(3 * PAGE)
+    b = eng.allocate(3 * PAGE)
+    c = eng.allocate(3 * PAGE)  # evicts a
+    assert not a.resident and b.resident and c.resident
+    s = eng.stats()
+    assert s["physical_bytes_in_use"] == 6 * PAGE
+    assert s["physical_bytes_evicted"] == 3 * PAGE
+    assert s["physical_bytes_free"] == 2 * PAGE
+    eng.free(c)
+    s = eng.stats()
+    assert s["physical_bytes_cached"] == 3 * PAGE
+    eng.check_invariants()
+    for buf in (a, b):
+        eng.free(buf)
+
+
+def test_failed_map_keeps_the_host_copy() -> None:
+    eng = fixed_engine()
+    a = eng.allocate(2 * PAGE)
+    a.write(b"\x5a" * (2 * PAGE))
+    addr = eng.pin(a)
+    eng.unpin(a)
+    assert eng.reclaim_inactive() > 0
+    eng.fail_next_maps(1)
+    with pytest.raises(RuntimeError, match="simulated map failure"):
+        eng.pin(a)
+    assert not a.resident
+    assert eng.pin(a) == addr
+    eng.unpin(a)
+    assert a.read() == b"\x5a" * (2 * PAGE)
+    eng.free(a)
+    eng.check_invariants()
+
+
+def test_defragment_is_a_no_op_and_bad_page_size_is_refused() -> None:
+    eng = fixed_engine()
+    buf = eng.allocate(1000)
+    assert eng.defragment() == 0
+    eng.free(buf)
+    with pytest.raises(ValueError, match="page_size"):
+        tflms.Engine(device_memory=MiB, fixed_addresses=True, page_size=PAGE + 1)
