@@ -31,6 +31,8 @@ DEVICE_MEMORY = {
     "custom_op": "8MiB",
     "retry": "8MiB",
     "xla": "8MiB",
+    "big_variables": "4MiB",
+    "fragmented": "9MiB",
 }
 
 
@@ -292,6 +294,43 @@ def xla(tf: Any) -> dict[str, Any]:
     return {"values": _hex([f(x), f(x * 2.0)])}
 
 
+def big_variables(tf: Any) -> dict[str, Any]:
+    # Weights and Adam's slots (about 6.5 MB) exceed the modelled device
+    # memory: variables must move between uses, as in TFLMS v2.
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(3)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((64, 256)).astype("float32")
+    y = rng.standard_normal((64, 1)).astype("float32")
+    layers = [keras.layers.Dense(256, activation="relu") for _ in range(8)]
+    model = keras.Sequential([keras.Input((256,)), *layers, keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse", jit_compile=False)
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0, shuffle=False)
+    weights = sum(float(np.abs(w).sum()) for w in model.get_weights())
+    variable_bytes = sum(
+        int(np.prod(v.shape)) * 4 for v in [*model.variables, *model.optimizer.variables]
+    )
+    return {
+        "loss": _hex(history.history["loss"]),
+        "weights": _hex([weights]),
+        "variable_bytes": variable_bytes,
+    }
+
+
+def fragmented(tf: Any) -> dict[str, Any]:
+    # Free holes between tensors no kernel uses: a large allocation fits only
+    # once they are moved together (defragmentation) or paged out.
+    n = 256 * 1024  # 1 MiB of float32
+    tensors = [tf.fill([n], float(i)) for i in range(8)]
+    kept = tensors[1::2]
+    del tensors
+    big = tf.fill([4 * n], 9.0)
+    sums = [tf.reduce_sum(t) for t in [*kept, big]]
+    return {"values": _hex(sums)}
+
+
 CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "cnn": cnn,
     "rnn": rnn,
@@ -304,6 +343,8 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "custom_op": custom_op,
     "retry": retry,
     "xla": xla,
+    "big_variables": big_variables,
+    "fragmented": fragmented,
 }
 
 

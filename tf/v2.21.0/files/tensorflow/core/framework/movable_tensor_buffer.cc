@@ -22,7 +22,11 @@ limitations under the License.
 #include <typeinfo>
 #include <utility>
 
+#include "absl/base/const_init.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/platform/logging.h"
@@ -42,6 +46,16 @@ struct RegistryEntry {
 std::array<RegistryEntry, kMaxMovableAllocators> registry;
 // One past the highest slot ever used.
 std::atomic<int> registry_end{0};
+
+// Outstanding PinUnowned pins per buffer. A buffer in this map is alive: its
+// destructor takes its entry out (under the lock) before the memory goes.
+// Only pins of resource variables' buffers come here, a few per kernel.
+absl::Mutex unowned_mu(absl::kConstInit);
+absl::flat_hash_map<const MovableTensorBuffer*, int>& UnownedPins()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(unowned_mu) {
+  static auto* pins = new absl::flat_hash_map<const MovableTensorBuffer*, int>;
+  return *pins;
+}
 
 }  // namespace
 
@@ -123,6 +137,18 @@ MovableTensorBuffer::MovableTensorBuffer(Allocator* allocator,
 
 MovableTensorBuffer::~MovableTensorBuffer() {
   if (handle_ == nullptr) return;
+  // A kernel replaced a variable's buffer it had pinned (PinUnowned): those
+  // pins end here, and the pinner's Release will find the buffer gone.
+  int unowned = 0;
+  if (ever_unowned_.load(std::memory_order_acquire)) {
+    absl::MutexLock lock(&unowned_mu);
+    auto it = UnownedPins().find(this);
+    if (it != UnownedPins().end()) {
+      unowned = it->second;
+      UnownedPins().erase(it);
+    }
+  }
+  for (int i = 0; i < unowned; ++i) movable_->UnpinMovable(handle_);
   // Freed before any consumer released the creator's pin (temporaries,
   // outputs nobody reads): the allocator frees only unpinned buffers.
   if (creation_pin_.exchange(false, std::memory_order_acq_rel)) {
@@ -156,6 +182,25 @@ void MovableTensorBuffer::ReleaseCreationPin() {
   if (creation_pin_.exchange(false, std::memory_order_acq_rel)) {
     movable_->UnpinMovable(handle_);
   }
+}
+
+absl::Status MovableTensorBuffer::PinUnowned() {
+  // Pinned first, without the registry's lock: a page-in may block.
+  absl::Status s = Pin();
+  if (!s.ok()) return s;
+  absl::MutexLock lock(&unowned_mu);
+  ever_unowned_.store(true, std::memory_order_release);
+  ++UnownedPins()[this];
+  return absl::OkStatus();
+}
+
+void MovableTensorBuffer::UnpinUnowned(MovableTensorBuffer* buffer) {
+  absl::MutexLock lock(&unowned_mu);
+  auto it = UnownedPins().find(buffer);
+  if (it == UnownedPins().end()) return;  // destroyed; it released the pin
+  if (--it->second == 0) UnownedPins().erase(it);
+  // Alive: its destructor waits for this lock before it frees anything.
+  buffer->Unpin();
 }
 
 absl::Status MovableTensorBuffer::MakeUnmovable() {
@@ -226,8 +271,10 @@ ScopedTensorPins& ScopedTensorPins::operator=(
     Release();
     pinned_ = std::move(other.pinned_);
     held_ = std::move(other.held_);
+    unowned_ = std::move(other.unowned_);
     other.pinned_.clear();
     other.held_.clear();
+    other.unowned_.clear();
   }
   return *this;
 }
@@ -251,9 +298,20 @@ absl::Status ScopedTensorPins::PinAndHold(const Tensor& t) {
   return absl::OkStatus();
 }
 
+absl::Status ScopedTensorPins::PinUnowned(const Tensor& t) {
+  MovableTensorBuffer* m = MovableTensorBufferUtil::Get(t);
+  if (m == nullptr) return absl::OkStatus();
+  absl::Status s = m->PinUnowned();
+  if (!s.ok()) return s;
+  unowned_.push_back(m);
+  return absl::OkStatus();
+}
+
 void ScopedTensorPins::Release() {
   for (MovableTensorBuffer* m : pinned_) m->Unpin();
+  for (MovableTensorBuffer* m : unowned_) MovableTensorBuffer::UnpinUnowned(m);
   pinned_.clear();
+  unowned_.clear();
   held_.clear();
 }
 

@@ -22,7 +22,8 @@ limitations under the License.
 // the access (including device work it enqueued) no longer needs the address.
 // The pin sites are few and fixed (common_runtime/lms/kernel_pins.h): the
 // device around every kernel (its inputs, the tensors held inside variant
-// inputs, the variables and tensor arrays its resource inputs name), the
+// inputs, the buffers of the variables and tensor arrays its resource inputs
+// name), the
 // device context around every copy, and the C API when a raw device pointer
 // escapes (which makes the buffer unmovable for good).
 //
@@ -119,6 +120,12 @@ class MovableTensorBuffer final : public TensorBuffer {
   void Unpin();
   // Ends the creator's pin if it is still held (the creator is done).
   void ReleaseCreationPin();
+  // For ScopedTensorPins::PinUnowned (see there). REQUIRES: the caller keeps
+  // the buffer alive during the call (it holds the variable's lock).
+  absl::Status PinUnowned();
+  // Ends one PinUnowned pin of `buffer` if the buffer is still alive; if it
+  // was destroyed, its destructor already ended the pin.
+  static void UnpinUnowned(MovableTensorBuffer* buffer);
   // Resident at data() from now on, pinned or not.
   absl::Status MakeUnmovable();
   bool unmovable() const { return unmovable_.load(std::memory_order_acquire); }
@@ -142,6 +149,9 @@ class MovableTensorBuffer final : public TensorBuffer {
   const size_t num_bytes_;
   std::atomic<bool> creation_pin_;
   std::atomic<bool> unmovable_{false};
+  // Set once PinUnowned ran: only then does the destructor consult the
+  // registry of unowned pins (a global lock, kept off the common path).
+  std::atomic<bool> ever_unowned_{false};
 
   MovableTensorBuffer(const MovableTensorBuffer&) = delete;
   void operator=(const MovableTensorBuffer&) = delete;
@@ -179,27 +189,37 @@ class MovableTensorBufferUtil {
 // (kernel inputs, which the executor holds; a reference would defeat buffer
 // forwarding). PinAndHold() also holds a reference until Release, for tensors
 // that the kernel may drop while it runs (elements of a list or array it
-// rewrites in place).
+// rewrites in place). PinUnowned() is for a buffer the kernel may drop while
+// it runs but that must not gain a reference (a resource variable's: kernels
+// update it in place only while they hold the only reference, and replace it
+// on assignment): the pin is recorded in a registry the buffer's destructor
+// consults, so a buffer freed while pinned this way releases the pin itself
+// and Release() skips it.
 class ScopedTensorPins {
  public:
   ScopedTensorPins() = default;
   ~ScopedTensorPins() { Release(); }
   ScopedTensorPins(ScopedTensorPins&& other) noexcept
-      : pinned_(std::move(other.pinned_)), held_(std::move(other.held_)) {
+      : pinned_(std::move(other.pinned_)),
+        held_(std::move(other.held_)),
+        unowned_(std::move(other.unowned_)) {
     other.pinned_.clear();
     other.held_.clear();
+    other.unowned_.clear();
   }
   ScopedTensorPins& operator=(ScopedTensorPins&& other) noexcept;
 
   absl::Status Pin(const Tensor& t);
   absl::Status PinAndHold(const Tensor& t);
+  absl::Status PinUnowned(const Tensor& t);
   void Release();
-  bool empty() const { return pinned_.empty(); }
-  size_t size() const { return pinned_.size(); }
+  bool empty() const { return pinned_.empty() && unowned_.empty(); }
+  size_t size() const { return pinned_.size() + unowned_.size(); }
 
  private:
   absl::InlinedVector<MovableTensorBuffer*, 4> pinned_;
   absl::InlinedVector<Tensor, 1> held_;  // released after the unpins
+  absl::InlinedVector<MovableTensorBuffer*, 2> unowned_;  // see PinUnowned
 
   ScopedTensorPins(const ScopedTensorPins&) = delete;
   void operator=(const ScopedTensorPins&) = delete;

@@ -91,18 +91,15 @@ absl::Status PinResource(OpKernelContext* context, const ResourceHandle& h,
   if (h.hash_code() == kVar) {
     core::RefCountPtr<Var> var;
     if (!LookupResource(context, h, &var).ok()) return absl::OkStatus();
-    // Kernels read and update a variable's buffer in place under its lock,
-    // and replace it on assignment; a pin held across the kernel would need
-    // a reference, which would turn every in-place update into a copy. So the
-    // variable's buffer is kept in place instead, from its first use by a
-    // kernel on. The tensor is copied under the lock and the buffer brought
-    // back without it, so no lock is held while bytes move.
-    Tensor current;
-    {
-      tf_shared_lock lock(*var->mu());
-      current = *var->tensor();
-    }
-    absl::Status s = MakeTensorUnmovable(current);
+    // Kernels update a variable's buffer in place, under its lock, only
+    // while they hold the only reference, and replace it on assignment: the
+    // pin takes no reference and survives the buffer being dropped
+    // (PinUnowned). Taken under the variable's lock so that the tensor
+    // cannot be swapped between reading and pinning it; the kernel takes the
+    // lock itself afterwards.
+    tf_shared_lock lock(*var->mu());
+    const Tensor& current = *var->tensor();
+    absl::Status s = pins->PinUnowned(current);
     if (s.ok() && elements && current.dtype() == DT_VARIANT) {
       s = PinTensor(current, elements, 1, pins);
     }

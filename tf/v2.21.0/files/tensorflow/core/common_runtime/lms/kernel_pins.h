@@ -26,12 +26,12 @@ limitations under the License.
 //   * the tensor of each resource variable a resource input names
 //     (ReadVariableOp, AssignVariableOp, ResourceApply*, ResourceGather, ...);
 //   * the tensors of a TensorArray a resource input names (Gather, Concat).
-// Inputs, list elements and array elements are pinned until the kernel
-// returns (synchronous kernels) or calls done (asynchronous kernels); list
-// and array elements are also held, since the kernel may replace them. A
-// variable's buffer is made unmovable instead, before the kernel and outside
-// the variable's lock: kernels update it in place only while nothing else
-// references it, so neither a held pin nor a reference can cover it.
+// All of these are pinned until the kernel returns (synchronous kernels) or
+// calls done (asynchronous kernels). List and array elements are also held,
+// since the kernel may replace them. A variable's buffer is pinned without a
+// reference (kernels update it in place only while nothing else references
+// it) in a way that survives the kernel replacing it (PinUnowned), so
+// weights and optimizer slots move between uses, as in TFLMS v2.
 //
 // When the kernel has finished (returned, or called done), the creation pins
 // of its outputs end: an output waiting for a consumer that runs much later
