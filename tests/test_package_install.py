@@ -123,7 +123,7 @@ def test_sdist_and_wheel_carry_the_patch_and_its_sources(installed: Installed) -
         in_sdist = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     with zipfile.ZipFile(installed.wheel) as zf:
         in_wheel = set(zf.namelist())
-    for rel in (PATCH, f"tf/v{VERSION}/COMMIT_MESSAGE", "core/include/tflms/engine.h",
+    for rel in (PATCH, "tf/common/COMMIT_MESSAGE", "core/include/tflms/engine.h",
                 "core/src/engine.cc"):  # fmt: skip
         assert rel in in_sdist
         assert f"tflms/data/{rel}" in in_wheel

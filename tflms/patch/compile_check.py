@@ -204,7 +204,7 @@ def build_overlay(version: str, root: Path, dest: Path) -> list[Path]:
     changed header.
     Raises CompileCheckError when a header diff does not apply to the wheel.
     """
-    from tflms.patch.generate import engine_files, new_files  # noqa: PLC0415
+    from tflms.patch.generate import diff_files, engine_files, new_files  # noqa: PLC0415
     from tflms.patch.unidiff import apply_hunks, merge_file_diffs, parse_diff  # noqa: PLC0415
 
     wheel_include = _wheel_include(wheel_compile_flags())
@@ -218,9 +218,8 @@ def build_overlay(version: str, root: Path, dest: Path) -> list[Path]:
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, out)
         targets.append(out)
-    diff_dir = root / "tf" / f"v{version}" / "diffs"
     parsed = []
-    for diff in sorted(diff_dir.glob("*.diff")):
+    for diff in diff_files(version, root):
         parsed += parse_diff(diff.read_text(), origin=diff.name)
     for fd in merge_file_diffs(parsed):
         rel = wheel_path(fd.path)

@@ -16,7 +16,7 @@ from tflms.patch import (
     checkout_patch_path,
     patch_path,
     repo_root,
-    tf_dir,
+    tf_layers,
 )
 from tflms.patch.unidiff import DiffError, FileDiff, merge_file_diffs, parse_diff, render_file_diff
 
@@ -47,18 +47,44 @@ def engine_files(root: Path) -> dict[str, Path]:
 
 
 def new_files(version: str, root: Path) -> dict[str, Path]:
-    base = tf_dir(version, root) / "files"
+    """TF path -> source of every new file, from the tag's layers (the first that has it)."""
     out: dict[str, Path] = {}
-    if base.is_dir():
-        for src in sorted(p for p in base.rglob("*") if p.is_file()):
-            if "__pycache__" in src.parts or src.suffix == ".pyc":
-                continue
-            out[src.relative_to(base).as_posix()] = src
-    return out
+    for layer in reversed(tf_layers(version, root)):  # more specific layers overwrite
+        base = layer / "files"
+        if base.is_dir():
+            for src in sorted(p for p in base.rglob("*") if p.is_file()):
+                if "__pycache__" in src.parts or src.suffix == ".pyc":
+                    continue
+                out[src.relative_to(base).as_posix()] = src
+    return dict(sorted(out.items()))
+
+
+def diff_files(version: str, root: Path) -> list[Path]:
+    """The tag's .diff files in name order, each from the first layer that has that name.
+
+    A .diff without hunks (only its comment) removes the diff of that name from the layers
+    below: it is left out.
+    """
+    by_name: dict[str, Path] = {}
+    for layer in reversed(tf_layers(version, root)):
+        diff_dir = layer / "diffs"
+        for diff in sorted(diff_dir.glob("*.diff")) if diff_dir.is_dir() else []:
+            by_name[diff.name] = diff
+    chosen = [by_name[name] for name in sorted(by_name)]
+    return [d for d in chosen if parse_diff(d.read_text(), origin=d.name)]
+
+
+def commit_message_path(version: str, root: Path) -> Path:
+    """The COMMIT_MESSAGE of the first layer that has one (tf/common/'s unless overridden)."""
+    layers = tf_layers(version, root)
+    for layer in layers:
+        if (layer / "COMMIT_MESSAGE").is_file():
+            return layer / "COMMIT_MESSAGE"
+    return layers[-1] / "COMMIT_MESSAGE"
 
 
 def read_commit_message(version: str, root: Path) -> tuple[str, str]:
-    path = tf_dir(version, root) / "COMMIT_MESSAGE"
+    path = commit_message_path(version, root)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: it holds the patch's subject and body")
     text = path.read_text()
@@ -77,8 +103,7 @@ def collect(version: str, root: Path | None = None) -> PatchParts:
             raise ValueError(f"{tf_path} comes from both {added[tf_path]} and {src}")
         added[tf_path] = src
     parsed: list[FileDiff] = []
-    diff_dir = tf_dir(version, root) / "diffs"
-    for diff in sorted(diff_dir.glob("*.diff")) if diff_dir.is_dir() else []:
+    for diff in diff_files(version, root):
         parsed += parse_diff(diff.read_text(), origin=diff.relative_to(root).as_posix())
     changed = merge_file_diffs(parsed)
     files: list[FileDiff] = []
@@ -153,7 +178,8 @@ def stale_reason(version: str, root: Path | None = None) -> str | None:
     fresh = generate(version, root)
     if committed.read_text() != fresh:
         return (
-            f"{committed} is stale: it differs from what core/ and tf/v{version}/ generate; "
+            f"{committed} is stale: it differs from what core/ and the layers of "
+            f"tf/v{version}/ (tf/common/ and any it inherits) generate; "
             f"run `tflms patch generate --tf-version {version}` (or `make patches`) and commit it"
         )
     return None

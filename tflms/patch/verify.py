@@ -400,12 +400,13 @@ def golden_diff_text(base: dict[str, str], after: dict[str, str]) -> str:
 
 
 def diff_notes(version: str, root: Path | None = None) -> dict[str, str]:
-    """The leading '#' comment of each tf/v<version>/diffs/*.diff, by origin."""
-    from tflms.patch import repo_root, tf_dir
+    """The leading '#' comment of each .diff the tag's patch uses, by origin."""
+    from tflms.patch import repo_root
+    from tflms.patch.generate import diff_files
 
     root = root or repo_root()
     notes: dict[str, str] = {}
-    for diff in sorted((tf_dir(version, root) / "diffs").glob("*.diff")):
+    for diff in diff_files(version, root):
         comment = []
         for line in diff.read_text().splitlines():
             if not line.startswith("#"):

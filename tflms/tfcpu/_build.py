@@ -64,13 +64,15 @@ def _compiler() -> str:
 def _sources_digest(root: Path, version: str, compiler: str) -> str:
     h = hashlib.sha256()
     h.update(f"{version}\0{compiler}\0{sys.version_info[:2]}\0".encode())
-    tf_dir = root / "tf" / f"v{version}"
+    from tflms.patch import tf_layers  # noqa: PLC0415
+
+    layers = tf_layers(version, root)  # tf/v<version>/, what it inherits, tf/common/
     inputs = sorted(
         [
             *CSRC.glob("*"),
             *(root / "core").rglob("*"),
-            *(tf_dir / "files").rglob("*"),
-            *(tf_dir / "diffs").glob("*.diff"),
+            *(p for layer in layers for p in (layer / "files").rglob("*")),
+            *(p for layer in layers for p in (layer / "diffs").glob("*.diff")),
             Path(__file__),
         ]
     )
