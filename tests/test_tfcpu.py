@@ -94,6 +94,16 @@ def test_defragmentation_moves_tensors_and_keeps_values(case: str) -> None:
     assert moved["stats"]["peak_bytes_in_use"] > 0.9 * moved["stats"]["bytes_limit"]
 
 
+def test_fixed_address_mode_trains_with_pages_unmapped() -> None:
+    # Issue 14's engine mode under real TensorFlow: no tensor ever changes
+    # address; eviction unmaps its pages, so a read no pin covered would fault.
+    stock = run_case("cnn", "stock")
+    fixed = run_case("cnn", "fixed")
+    assert {k: v for k, v in fixed.items() if k != "stats"} == stock
+    assert fixed["stats"]["num_pages_unmapped"] > 0
+    assert fixed["stats"]["bytes_reclaimed"] > 0
+
+
 def test_defragmentation_moves_tensors_instead_of_paging_them_out() -> None:
     # Holes between tensors no kernel uses: with defragmentation the tensors
     # move together on the device (every move verified); without, they leave

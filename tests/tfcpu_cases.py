@@ -4,7 +4,8 @@
 
 MODE is `stock` (TensorFlow as installed), `lms` (tflms.tfcpu with a modelled device
 memory well below the program's peak), `defrag` (the same with defragmentation and
-verified moves) or `nolms` (the tfcpu device and allocator without movable tensors).
+verified moves), `fixed` (the engine's fixed-address mode: evicted pages unmapped) or
+`nolms` (the tfcpu device and allocator without movable tensors).
 The program prints one line `RESULT <json>`: its values (floats as hex, so equality is
 bit-for-bit) and, under tfcpu, the engine's statistics.
 """
@@ -47,6 +48,7 @@ def _setup(case: str, mode: str) -> Any:
             defrag=mode == "defrag",
             verify_moves=mode == "defrag",
             lms=mode != "nolms",
+            fixed_addresses=mode == "fixed",
         )
     import tensorflow as tf
 

@@ -76,11 +76,16 @@ def enable(
     prefetch: bool = False,
     verify_moves: bool = False,
     lms: bool = True,
+    fixed_addresses: bool = False,
+    page_size: int | str = "64KiB",
 ) -> None:
     """Makes CPU:0 an LMS device with `device_memory` bytes of modelled device memory.
 
     With lms=False the device and its allocator are the same but no tensor is movable:
     stock TensorFlow's behaviour over the engine's BFC allocator, a baseline.
+    With fixed_addresses=True the engine runs in the add-on's mode: a tensor keeps its
+    address for life, eviction unmaps its pages (of `page_size` bytes), and a kernel
+    that reads an evicted tensor no pin covered faults at once.
 
     Call it before TensorFlow creates its devices (before the first op). Imports
     TensorFlow. Raises TfcpuError if it is too late or already enabled, and BuildError
@@ -91,6 +96,7 @@ def enable(
         raise TfcpuError("tflms.tfcpu.enable() was already called in this process")
     device_bytes = _size(device_memory, "device_memory")
     host_bytes = _size(host_memory, "host_memory")
+    page_bytes = _size(page_size, "page_size") if fixed_addresses else 0
     if _devices_exist():
         raise TfcpuError(
             "TensorFlow has already created its devices in this process: call "
@@ -109,6 +115,7 @@ def enable(
         int(defrag),
         int(prefetch),
         int(verify_moves),
+        page_bytes,
         error,
         1024,
     )
@@ -129,6 +136,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         ctypes.c_int,
         ctypes.c_int,
         ctypes.c_int,
+        ctypes.c_int64,
         ctypes.c_char_p,
         ctypes.c_int,
     ]

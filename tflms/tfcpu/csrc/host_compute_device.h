@@ -86,6 +86,22 @@ class HostComputeDevice : public tflms::Device {
                                 size_t bytes) override {
     return sim_->WriteDeviceSync(device_dst, host_src, bytes);
   }
+  // Fixed-address mode: host virtual memory, so a kernel touching an evicted
+  // buffer faults instead of reading stale bytes.
+  size_t VmGranularity() const override { return sim_->VmGranularity(); }
+  tflms::Status ReserveAddressRange(size_t bytes, size_t page_size,
+                                    void** base) override {
+    return sim_->ReserveAddressRange(bytes, page_size, base);
+  }
+  tflms::Status ReleaseAddressRange(void* base, size_t bytes) override {
+    return sim_->ReleaseAddressRange(base, bytes);
+  }
+  tflms::Status MapPages(void* addr, size_t bytes) override {
+    return sim_->MapPages(addr, bytes);
+  }
+  tflms::Status UnmapPages(void* addr, size_t bytes) override {
+    return sim_->UnmapPages(addr, bytes);
+  }
 
  private:
   const std::unique_ptr<tflms::SimDevice> sim_;

@@ -148,9 +148,12 @@ extern "C" {
 // With lms == 0 the device and its allocator are the same but no tensor gets
 // a movable buffer: stock TensorFlow's behaviour over the engine's BFC (the
 // baseline tests compare allocation counts against).
+// fixed_page_size > 0 selects the engine's fixed-address mode with pages of
+// that many bytes (the add-on's mode: addresses never change, evicted pages
+// are unmapped, so a read no pin covers faults).
 int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
                        int defrag, int prefetch, int verify_moves,
-                       char* error, int error_len) {
+                       int64_t fixed_page_size, char* error, int error_len) {
   using namespace tflms_tfcpu;  // NOLINT
   std::lock_guard<std::mutex> lock(g_enable_mu);
   if (g_allocator != nullptr) {
@@ -186,6 +189,13 @@ int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
   options.defrag_enabled = defrag != 0;
   options.verify_moves = verify_moves != 0;
   options.prefetch_enabled = prefetch != 0;
+  if (fixed_page_size > 0) {
+    options.fixed_addresses = true;
+    options.page_size = static_cast<size_t>(fixed_page_size);
+    // Address space is cheap (host reservations): evicted buffers keep
+    // theirs, so reserve far more than the device.
+    options.virtual_address_bytes = static_cast<size_t>(device_memory) * 64;
+  }
   auto allocator =
       tensorflow::lms::LmsAllocator::Create(std::move(device), options);
   if (!allocator.ok()) {
