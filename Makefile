@@ -11,8 +11,8 @@ CORE_SRCS := $(filter-out core/src/cuda_%,$(wildcard core/src/*.cc))
 CORE_HDRS := $(wildcard core/include/tflms/*.h core/src/*.h)
 CXXFLAGS_CORE := -std=c++17 -Wall -Wextra -Werror -Icore/include -Icore/src -pthread
 
-.PHONY: help install test test-fast lint cpp-test sanitize cuda-test patches verify bench demo \
-        results soak wheel clean
+.PHONY: help install test test-fast lint cpp-test sanitize cuda-test patches verify verify-all \
+        verify-nightly bench demo results soak wheel clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -64,11 +64,20 @@ $(BUILD)/cuda_engine_test: core/tests/cuda_engine_test.cu core/src/cuda_device.c
 cuda-test: $(BUILD)/cuda_engine_test ## Build the CUDA backend with nvcc and run it (skips without a GPU)
 	$(BUILD)/cuda_engine_test
 
-patches: install ## Regenerate patches/ from core/ and tf/
-	$(PY) -m tflms patch generate --tf-version $(TF_VERSION)
+# Every supported tag, oldest first (tflms/patch/__init__.py: SUPPORTED_VERSIONS).
+TF_VERSIONS = $(shell $(PY) -c 'from tflms.patch import SUPPORTED_VERSIONS as v; print(*v)' 2>/dev/null)
 
-verify: install ## Verify the patch against the official tensorflow-cpu wheel
+patches: install ## Regenerate patches/ from core/ and tf/, for every supported tag
+	for v in $(TF_VERSIONS); do $(PY) -m tflms patch generate --tf-version $$v || exit 1; done
+
+verify: install ## Verify the newest tag's patch against its official tensorflow-cpu wheel (CI)
 	$(PY) -m tflms verify --tf-version $(TF_VERSION)
+
+verify-all: install ## Verify every tag's patch against its own wheel (venvs in ~/.cache/tflms/venvs)
+	rc=0; for v in $(TF_VERSIONS); do $(PY) -m tflms verify --tf-version $$v || rc=1; done; exit $$rc
+
+verify-nightly: install ## Early warning: the newest tag's patch against today's tf-nightly-cpu
+	$(PY) -m tflms verify --tf-version $(TF_VERSION) --nightly
 
 bench: install ## Engine vs TensorFlow's own BFCAllocator, side by side
 	$(PY) bench/run_bench.py

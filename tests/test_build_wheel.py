@@ -550,7 +550,7 @@ def test_cli_dry_run_names_the_tags_that_have_a_patch(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 1
     assert "no LMS patch for TensorFlow 2.99.0 (tag v2.99.0)" in proc.stderr
-    assert "tflms has patches for these tags: v2.21.0." in proc.stderr
+    assert "tflms has patches for these tags: v2.19.1, v2.20.0, v2.21.0." in proc.stderr
     assert "would stop a real run" in proc.stderr.splitlines()[-1]
 
 
@@ -565,3 +565,22 @@ def test_build_wheel_turns_apply_failures_into_a_message(
     assert "tflms build-wheel: " in err and "Traceback" not in err
     assert "did not apply" in err or "apply tool" in err
     assert bazel_calls(build_env) == 0
+
+
+@pytest.mark.parametrize("version", ["2.19.1", "2.20.0"])
+def test_cli_dry_run_finds_the_patch_of_an_older_tag(tmp_path: Path, version: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tflms", "build-wheel", "--tf-version", version, "--cpu",
+         "--dry-run", "--no-progress", "--output", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    patch = REPO / "patches" / f"tensorflow_v{version}_large_model_support.patch"
+    assert f"pre-flight patch: ok: {patch}" in proc.stderr.splitlines(), proc.stderr
+    assert f"+ git clone --depth 1 --branch v{version}" in proc.stdout
+
+
+def test_python_versions_follow_the_release() -> None:
+    assert preflight.supported_python("2.19.1")[-1] == (3, 12)
+    assert (3, 13) in preflight.supported_python("2.20.0")
+    assert preflight.supported_python("2.21.0") == preflight.SUPPORTED_PYTHON

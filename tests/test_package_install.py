@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tflms.build.preflight import SUPPORTED_PYTHON
-from tflms.patch import ENGINE_DIR
+from tflms.patch import ENGINE_DIR, SUPPORTED_VERSIONS
 from tflms.patch.generate import stale_reason
 from tflms.patch.unidiff import parse_diff
 
@@ -129,6 +129,11 @@ def test_sdist_and_wheel_carry_the_patch_and_its_sources(installed: Installed) -
         assert f"tflms/data/{rel}" in in_wheel
     diffs = {p.relative_to(installed.src).as_posix() for p in installed.src.glob("tf/*/diffs/*")}
     assert diffs and {f"tflms/data/{d}" for d in diffs} <= in_wheel
+    for version in SUPPORTED_VERSIONS:  # every tag's patch and its own layer
+        for rel in (f"patches/tensorflow_v{version}_large_model_support.patch",
+                    f"tf/v{version}/PROVENANCE.md"):  # fmt: skip
+            assert rel in in_sdist and f"tflms/data/{rel}" in in_wheel, rel
+    assert "tflms/data/tf/v2.19.1/INHERITS" in in_wheel
     assert "tflms/build/wheel.py" in in_wheel and "tflms/_data.py" in in_wheel
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in in_wheel)
 
@@ -175,7 +180,15 @@ def test_dry_run_finds_the_shipped_patch_and_fails_only_for_bazel(installed: Ins
     assert "pre-flight patch: a real run would stop here: no LMS patch for TensorFlow 2.99.0" in (
         proc.stderr
     )
-    assert f"tflms has patches for these tags: {TAG}." in proc.stderr
+    tags = ", ".join(f"v{v}" for v in SUPPORTED_VERSIONS)
+    assert f"tflms has patches for these tags: {tags}." in proc.stderr
+
+    # Every older tag finds its own shipped patch too.
+    for version in SUPPORTED_VERSIONS[:-1]:
+        proc = installed.tflms("build-wheel", "--tf-version", version, "--dry-run", *limits)
+        shipped = installed.site / "tflms" / "data" / "patches"
+        shipped = shipped / f"tensorflow_v{version}_large_model_support.patch"
+        assert f"pre-flight patch: ok: {shipped}" in proc.stderr.splitlines(), proc.stderr
 
 
 def test_patch_check_and_generate_use_the_shipped_sources(installed: Installed) -> None:
@@ -189,6 +202,10 @@ def test_patch_check_and_generate_use_the_shipped_sources(installed: Installed) 
     proc = installed.tflms("patch", "check", "--tf-version", VERSION)
     if verdict == "fresh":
         assert proc.returncode == 0 and "is up to date" in proc.stdout, proc.stderr
+        for version in SUPPORTED_VERSIONS[:-1]:  # the shipped layers make every tag's patch
+            if stale_reason(version, installed.src) is None:
+                proc = installed.tflms("patch", "check", "--tf-version", version)
+                assert proc.returncode == 0 and "is up to date" in proc.stdout, proc.stderr
     else:
         assert proc.returncode != 0
         assert verdict == "broken" or "is stale" in proc.stderr, proc.stderr

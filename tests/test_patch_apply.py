@@ -141,7 +141,7 @@ def test_not_a_checkout_and_missing_patch(tmp_path: Path, patch_file: Path) -> N
     with pytest.raises(PatchApplyError, match="not found"):
         apply_patch(tmp_path, VERSION, tmp_path / "missing.patch")
     with pytest.raises(ValueError, match="not supported"):
-        apply_patch(tmp_path, "2.20.0", patch_file)
+        apply_patch(tmp_path, "2.18.0", patch_file)
 
 
 def test_git_am_failing_midway_is_rolled_back(tmp_path: Path, patch_file: Path) -> None:

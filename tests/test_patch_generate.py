@@ -9,8 +9,25 @@ from pathlib import Path
 
 import pytest
 
-from tflms.patch import ENGINE_DIR, patch_path, repo_root
-from tflms.patch.generate import AUTHOR, DATE, collect, generate, stale_reason
+from tflms.patch import (
+    ENGINE_DIR,
+    NEWEST_VERSION,
+    SUPPORTED_VERSIONS,
+    patch_path,
+    repo_root,
+    tf_dir,
+    tf_layers,
+)
+from tflms.patch.generate import (
+    AUTHOR,
+    DATE,
+    collect,
+    commit_message_path,
+    diff_files,
+    generate,
+    new_files,
+    stale_reason,
+)
 from tflms.patch.unidiff import DiffError, apply_hunks, merge_file_diffs, parse_diff
 
 VERSION = "2.21.0"
@@ -31,8 +48,84 @@ def test_generation_is_deterministic_and_git_am_shaped() -> None:
     assert len(head.splitlines()) > 30 and "TF_GPU_HOST_MEM_LIMIT_IN_MB" in head
 
 
-def test_committed_patch_is_up_to_date() -> None:
-    assert stale_reason(VERSION) is None
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_committed_patch_is_up_to_date(version: str) -> None:
+    """`tflms patch check` for every supported tag (CI runs this; it is cheap)."""
+    assert stale_reason(version) is None
+
+
+def test_every_supported_tag_has_its_layer_provenance_and_patch() -> None:
+    assert SUPPORTED_VERSIONS[-1] == NEWEST_VERSION == VERSION
+    for version in SUPPORTED_VERSIONS:
+        assert (tf_dir(version) / "PROVENANCE.md").is_file(), version
+        assert patch_path(version).is_file(), version
+    on_disk = {p.name for p in (ROOT / "tf").glob("v*") if p.is_dir()}
+    assert on_disk == {f"v{v}" for v in SUPPORTED_VERSIONS}
+    # The newest tag is tf/common/ alone: it overrides nothing.
+    assert tf_layers(NEWEST_VERSION) == [tf_dir(NEWEST_VERSION), ROOT / "tf" / "common"]
+    assert not (tf_dir(NEWEST_VERSION) / "files").exists()
+    assert not (tf_dir(NEWEST_VERSION) / "diffs").exists()
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_layers_precedence_inherits_and_removal(tmp_path: Path) -> None:
+    """tf/v<tag>/ wins over what it INHERITS, which wins over tf/common/; empty diffs remove."""
+    tf = tmp_path / "tf"
+    _write(tf / "common" / "COMMIT_MESSAGE", "Subject\n\nBody\n")
+    _write(tf / "common" / "files" / "a.h", "common a\n")
+    _write(tf / "common" / "files" / "b.h", "common b\n")
+    for name in ("10-x.diff", "20-y.diff", "30-z.diff"):
+        _write(tf / "common" / "diffs" / name, DIFF_A)
+    _write(tf / "v2.0.0" / "files" / "a.h", "2.0.0 a\n")
+    _write(tf / "v2.0.0" / "diffs" / "20-y.diff", "# not in 2.0.0\n")
+    _write(tf / "v1.0.0" / "INHERITS", "# comment\nv2.0.0\n")
+    _write(tf / "v1.0.0" / "files" / "b.h", "1.0.0 b\n")
+    _write(tf / "v1.0.0" / "diffs" / "30-z.diff", DIFF_B)
+    _write(tf / "v1.0.0" / "COMMIT_MESSAGE", "Old\n\nBody\n")
+    assert tf_layers("1.0.0", tmp_path) == [tf / "v1.0.0", tf / "v2.0.0", tf / "common"]
+    files = new_files("1.0.0", tmp_path)
+    assert files == {"a.h": tf / "v2.0.0" / "files" / "a.h", "b.h": tf / "v1.0.0" / "files" / "b.h"}
+    assert diff_files("1.0.0", tmp_path) == [
+        tf / "common/diffs/10-x.diff",
+        tf / "v1.0.0/diffs/30-z.diff",
+    ]
+    assert diff_files("2.0.0", tmp_path) == [
+        tf / "common/diffs/10-x.diff",
+        tf / "common/diffs/30-z.diff",
+    ]
+    assert commit_message_path("1.0.0", tmp_path) == tf / "v1.0.0" / "COMMIT_MESSAGE"
+    assert commit_message_path("2.0.0", tmp_path) == tf / "common" / "COMMIT_MESSAGE"
+    _write(tf / "v2.0.0" / "INHERITS", "v1.0.0\n")
+    with pytest.raises(ValueError, match="cycle"):
+        tf_layers("1.0.0", tmp_path)
+
+
+def test_older_tags_differ_from_the_newest_only_where_their_layers_say() -> None:
+    """A tag's patch is the newest tag's with exactly its own layers' replacements."""
+    newest = {f.path: f for f in collect(NEWEST_VERSION).files}
+    for version in SUPPORTED_VERSIONS[:-1]:
+        own = [layer for layer in tf_layers(version) if layer.name != "common"]
+        overridden = {d.name for layer in own for d in (layer / "diffs").glob("*.diff")}
+        overridden_paths = {
+            fd.path
+            for layer in own
+            for d in (layer / "diffs").glob("*.diff")
+            for fd in parse_diff(d.read_text(), d.name)
+        }
+        overridden_paths |= {
+            p.relative_to(layer / "files").as_posix()
+            for layer in own
+            for p in (layer / "files").rglob("*")
+            if p.is_file()
+        }
+        for f in collect(version).files:
+            if f.path not in overridden_paths:
+                assert f == newest[f.path], (version, f.path)
+        assert overridden, version
 
 
 def test_engine_is_included_verbatim_without_sim_and_cuda_backends() -> None:

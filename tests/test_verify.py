@@ -85,3 +85,43 @@ def test_full_verify_including_compiles(tmp_path: Path) -> None:
     failing = [(f.path, f.notes) for f in result.files if f.failed]
     assert not failing, failing
     assert result.ok, result.problems
+
+
+def test_reports_per_tag_and_delegation_only_for_another_tensorflow() -> None:
+    import argparse
+
+    from tflms.patch import SUPPORTED_VERSIONS
+    from tflms.patch.cli import _verify_in_tag_venv, default_report
+
+    assert default_report(VERSION).as_posix().endswith("docs/verification.md")
+    for version in SUPPORTED_VERSIONS[:-1]:
+        assert default_report(version).name == f"verification-v{version}.md"
+    assert default_report(VERSION, nightly=True).name == "verification-nightly.md"
+    # This environment has the newest tag's wheel: it verifies in process.
+    args = argparse.Namespace(tf_version=VERSION, nightly=False)
+    assert _verify_in_tag_venv(args) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["2.20.0", "2.19.1"])
+def test_older_tag_verifies_in_its_own_environment(tmp_path: Path, version: str) -> None:
+    """a), c) and g) against the tag's own wheel (its venv must exist: make verify-all)."""
+    import subprocess
+    import sys
+
+    from tflms.patch.wheel import tag_python
+
+    if not tag_python(version).is_file():
+        pytest.skip(f"no environment for {version}; `make verify-all` creates it")
+    report = tmp_path / "report.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tflms", "verify", "--tf-version", version, "--no-compile",
+         "--report", str(report), "--log", str(tmp_path / "log")],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert f"verifying TensorFlow {version} with {tag_python(version)}" in proc.stderr
+    text = report.read_text()
+    assert f"for TensorFlow {version} against the official" in text
+    assert "failing: 0" in text and "**FAIL**" not in text, text
+    assert proc.returncode == 1  # only because b) was skipped
+    assert "b) skipped (--no-compile)" in proc.stderr

@@ -26,6 +26,18 @@ MEMORY_GIB_PER_JOB = 2
 
 # Python versions TensorFlow 2.21's hermetic Python rules provide wheels for.
 SUPPORTED_PYTHON = ((3, 10), (3, 11), (3, 12), (3, 13))
+# The same for older releases, by major.minor: the cp tags of their tensorflow-cpu wheels on
+# PyPI (2.19: cp39 to cp312; 2.20: cp39 to cp313). A release not listed gets SUPPORTED_PYTHON.
+SUPPORTED_PYTHON_BY_RELEASE = {
+    "2.19": ((3, 9), (3, 10), (3, 11), (3, 12)),
+    "2.20": ((3, 9), (3, 10), (3, 11), (3, 12), (3, 13)),
+}
+
+
+def supported_python(tf_version: str) -> tuple[tuple[int, int], ...]:
+    """The Python versions TensorFlow `tf_version` builds wheels for."""
+    release = ".".join(tf_version.split(".")[:2])
+    return SUPPORTED_PYTHON_BY_RELEASE.get(release, SUPPORTED_PYTHON)
 
 
 @dataclass(frozen=True)
@@ -176,10 +188,11 @@ def check_memory(req: Requirements, facts: HostFacts) -> list[Problem]:
 
 
 def check_python(req: Requirements, facts: HostFacts) -> list[Problem]:
-    if facts.python_version in SUPPORTED_PYTHON:
+    supported = supported_python(req.tf_version)
+    if facts.python_version in supported:
         return []
     have = ".".join(map(str, facts.python_version))
-    ok = ", ".join(".".join(map(str, v)) for v in SUPPORTED_PYTHON)
+    ok = ", ".join(".".join(map(str, v)) for v in supported)
     return [
         Problem(
             "python",

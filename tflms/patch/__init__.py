@@ -24,7 +24,7 @@ from tflms import _data
 
 # Oldest first; the last is the newest, the default of every command. Each has a tf/v<version>/
 # directory (its PROVENANCE.md at least) and a committed patch.
-SUPPORTED_VERSIONS = ("2.21.0",)
+SUPPORTED_VERSIONS = ("2.19.1", "2.20.0", "2.21.0")
 NEWEST_VERSION = SUPPORTED_VERSIONS[-1]
 # The layer every tag ends with: what all supported tags share.
 COMMON_LAYER = "common"

@@ -4,13 +4,81 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 
-from tflms._data import checkout_root
-from tflms.patch import SUPPORTED_VERSIONS, NotACheckout, checkout_patch_path, patch_path
+from tflms._data import PACKAGE_DIR, checkout_root
+from tflms.patch import (
+    NEWEST_VERSION,
+    SUPPORTED_VERSIONS,
+    NotACheckout,
+    checkout_patch_path,
+    patch_path,
+)
 
-DEFAULT_VERSION = SUPPORTED_VERSIONS[-1]
+DEFAULT_VERSION = NEWEST_VERSION
+# Set in the verification that runs inside a tag's own environment (no second hop).
+_IN_TAG_VENV = "TFLMS_VERIFY_IN_TAG_VENV"
+
+
+def default_report(version: str, nightly: bool = False) -> Path:
+    """docs/verification.md for the newest tag, docs/verification-v<version>.md for the others.
+
+    The nightly report goes to .cache/ (it changes with every nightly; it is not committed).
+    Installed (no checkout): the same names under the current directory.
+    """
+    checkout = checkout_root()
+    if nightly:
+        return (checkout or Path()) / ".cache" / "verification-nightly.md"
+    name = "verification.md" if version == NEWEST_VERSION else f"verification-v{version}.md"
+    return checkout / "docs" / name if checkout else Path(name)
+
+
+def _verify_in_tag_venv(args: argparse.Namespace) -> int | None:
+    """Runs this verification in the tag's own environment when this one has another TF.
+
+    Returns the child's exit status, or None when this interpreter is the right one.
+    """
+    from tflms.patch.wheel import (
+        ANY_TF_ENV,
+        NIGHTLY,
+        WheelError,
+        ensure_tag_python,
+        installed_tf_version,
+    )
+
+    if os.environ.get(_IN_TAG_VENV):
+        return None
+    if not args.nightly and installed_tf_version() == args.tf_version:
+        return None
+    target = NIGHTLY if args.nightly else args.tf_version
+    try:
+        python = ensure_tag_python(target, say=lambda m: print(m, file=sys.stderr))
+    except (WheelError, OSError, subprocess.CalledProcessError) as e:
+        print(f"tflms verify: {e}", file=sys.stderr)
+        return 1
+    # The child imports this tflms (not one installed there) through a directory that holds
+    # only a link to the package, so nothing else of this environment shadows the tag's.
+    link_dir = python.parent.parent / "tflms-path"
+    link_dir.mkdir(exist_ok=True)
+    link = link_dir / "tflms"
+    if link.is_symlink() and link.resolve() != PACKAGE_DIR:
+        link.unlink()
+    if not link.is_symlink():
+        link.symlink_to(PACKAGE_DIR)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(link_dir)
+    env[_IN_TAG_VENV] = "1"
+    if args.nightly:
+        env[ANY_TF_ENV] = "1"
+    cmd = [str(python), "-m", "tflms", "verify", "--tf-version", args.tf_version]
+    cmd += ["--report", str(args.report), "--jobs", str(args.jobs), "--log", args.log]
+    cmd += ["--no-compile"] * args.no_compile + (["--work", args.work] if args.work else [])
+    cmd += ["--nightly"] * args.nightly
+    print(f"verifying TensorFlow {args.tf_version} with {python}", file=sys.stderr)
+    return subprocess.run(cmd, env=env, check=False).returncode
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -63,6 +131,11 @@ def _verify(args: argparse.Namespace) -> int:
     from tflms.patch.report import write_report
     from tflms.patch.verify import run_verify
 
+    if args.report is None:
+        args.report = str(default_report(args.tf_version, args.nightly))
+    delegated = _verify_in_tag_venv(args)
+    if delegated is not None:
+        return delegated
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
         level=logging.INFO,
@@ -141,14 +214,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     checkout = checkout_root()
     ver = sub.add_parser(
         "verify",
-        help="verify the patch against the tensorflow-cpu wheel and write docs/verification.md",
+        help="verify the patch against the tag's own tensorflow-cpu wheel and write its report "
+        "(a tag other than this environment's TensorFlow runs in ~/.cache/tflms/venvs/<version>)",
     )
     version_arg(ver)
     ver.add_argument(
         "--report",
-        default=str(checkout / "docs" / "verification.md") if checkout else "verification.md",
-        help="where to write the report (default docs/verification.md in a checkout, "
-        "./verification.md otherwise)",
+        help="where to write the report (default, in a checkout: docs/verification.md for the "
+        f"newest tag ({NEWEST_VERSION}), docs/verification-v<version>.md for the others; "
+        "installed: the same names in the current directory)",
+    )
+    ver.add_argument(
+        "--nightly",
+        action="store_true",
+        help="check the patch against the current tf-nightly-cpu wheel instead (early warning "
+        "for the next release; report in .cache/verification-nightly.md)",
     )
     ver.add_argument("--jobs", type=int, default=2, help="parallel compiles (default 2)")
     ver.add_argument("--no-compile", action="store_true", help="skip b) (C++ compiles)")

@@ -102,6 +102,21 @@ def python_binding_flags() -> list[str]:
     return [*flags, "-isystem", pybind11.get_include()]
 
 
+def llvm_fallback_flags(wheel_flags: list[str]) -> list[str]:
+    """The host's LLVM headers, searched last, when the wheel's headers need LLVM's.
+
+    The 2.19 wheel's xla/stream_executor/gpu/tma_metadata.h (included by stream_executor.h)
+    includes llvm/ADT/ArrayRef.h, which the wheel does not ship. With -idirafter the host's
+    copy (llvm-NN-dev) is found only where the wheel has none, so it never shadows the wheel;
+    without one the file is reported as missing a header, as before.
+    """
+    wheel_include = _wheel_include(wheel_flags)
+    if wheel_include is None or (wheel_include / "llvm" / "ADT").is_dir():
+        return []
+    hosts = sorted(Path("/usr/lib").glob("llvm-*/include/llvm/ADT/ArrayRef.h"))
+    return ["-idirafter", str(hosts[-1].parents[2])] if hosts else []
+
+
 def compile_flags(patched_include: Path, cuda: bool, wheel_flags: list[str]) -> list[str]:
     """The full command line after the compiler, before the file."""
     flags = ["-x", "c++", "-fsyntax-only", *WARNING_FLAGS]
@@ -112,6 +127,7 @@ def compile_flags(patched_include: Path, cuda: bool, wheel_flags: list[str]) -> 
     flags += ["-isystem", str(patched_include)]
     flags += wheel_flags
     flags += python_binding_flags()
+    flags += llvm_fallback_flags(wheel_flags)
     if cuda:
         flags += ["-DGOOGLE_CUDA=1"]
         if CUDA_INCLUDE.is_dir():
@@ -204,19 +220,20 @@ def build_overlay(version: str, root: Path, dest: Path) -> list[Path]:
     changed header.
     Raises CompileCheckError when a header diff does not apply to the wheel.
     """
-    from tflms.patch.generate import diff_files, engine_files, new_files  # noqa: PLC0415
+    from tflms.patch.generate import added_files, diff_files  # noqa: PLC0415
     from tflms.patch.unidiff import apply_hunks, merge_file_diffs, parse_diff  # noqa: PLC0415
 
     wheel_include = _wheel_include(wheel_compile_flags())
     if wheel_include is None:
         raise CompileCheckError("tf.sysconfig.get_compile_flags() names no include directory")
     targets: list[Path] = []
-    for tf_path, src in [*engine_files(root).items(), *new_files(version, root).items()]:
+    # What the patch adds, as it adds it (a tag's diffs on new files applied).
+    for tf_path, content in added_files(version, root).items():
         if Path(tf_path).suffix not in (".h", ".cc"):
             continue
         out = dest / wheel_path(tf_path)
         out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, out)
+        out.write_text(content)
         targets.append(out)
     parsed = []
     for diff in diff_files(version, root):
@@ -225,7 +242,7 @@ def build_overlay(version: str, root: Path, dest: Path) -> list[Path]:
         rel = wheel_path(fd.path)
         original = wheel_include / rel
         if Path(rel).suffix != ".h" or not original.is_file():
-            continue  # .cc and BUILD files are not in the wheel
+            continue  # .cc and BUILD files are not in the wheel; new files are done above
         text, results = apply_hunks(original.read_text(), fd.hunks)
         failed = [r for r in results if not r.applied]
         if failed:

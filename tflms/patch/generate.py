@@ -18,7 +18,14 @@ from tflms.patch import (
     repo_root,
     tf_layers,
 )
-from tflms.patch.unidiff import DiffError, FileDiff, merge_file_diffs, parse_diff, render_file_diff
+from tflms.patch.unidiff import (
+    DiffError,
+    FileDiff,
+    apply_hunks,
+    merge_file_diffs,
+    parse_diff,
+    render_file_diff,
+)
 
 AUTHOR = "tflms <tflms@users.noreply.github.com>"
 # A fixed date keeps regeneration byte-identical; it is the date of the format.
@@ -94,27 +101,55 @@ def read_commit_message(version: str, root: Path) -> tuple[str, str]:
     return subject.strip(), body.strip("\n")
 
 
-def collect(version: str, root: Path | None = None) -> PatchParts:
-    check_version(version)
-    root = root or repo_root()
-    added: dict[str, Path] = {}
-    for tf_path, src in [*engine_files(root).items(), *new_files(version, root).items()]:
-        if tf_path in added:
-            raise ValueError(f"{tf_path} comes from both {added[tf_path]} and {src}")
-        added[tf_path] = src
+def _merged_diffs(version: str, root: Path) -> list[FileDiff]:
     parsed: list[FileDiff] = []
     for diff in diff_files(version, root):
         parsed += parse_diff(diff.read_text(), origin=diff.relative_to(root).as_posix())
-    changed = merge_file_diffs(parsed)
-    files: list[FileDiff] = []
-    for fd in changed:
-        if fd.path in added:
-            raise DiffError(f"{fd.path} is both a new file and patched by a diff")
-        files.append(fd)
-    for tf_path, src in added.items():
+    return merge_file_diffs(parsed)
+
+
+def added_files(version: str, root: Path, changed: list[FileDiff] | None = None) -> dict[str, str]:
+    """TF path -> content of every file the patch adds: the engine, then the new files.
+
+    A tag's diff may patch a file that a lower layer adds (tf/common/files), so that a small
+    API difference of an older tag stays a small diff instead of a copy of the file: its
+    hunks are applied here, exactly (as `git apply`), and the patch adds the result. The
+    engine (core/) is never patched per tag.
+    """
+    sources: dict[str, Path] = {}
+    engine = engine_files(root)
+    for tf_path, src in [*engine.items(), *new_files(version, root).items()]:
+        if tf_path in sources:
+            raise ValueError(f"{tf_path} comes from both {sources[tf_path]} and {src}")
+        sources[tf_path] = src
+    on_new = {fd.path: fd for fd in (changed or _merged_diffs(version, root))}
+    out: dict[str, str] = {}
+    for tf_path, src in sources.items():
         content = src.read_text()
         if content and not content.endswith("\n"):
             raise ValueError(f"{src} must end with a newline")
+        fd = on_new.get(tf_path)
+        if fd is not None:
+            if tf_path in engine:
+                raise DiffError(f"{tf_path} is the engine's ({src}): core/ is not patched per tag")
+            content, results = apply_hunks(content, fd.hunks)
+            failed = [r for r in results if not r.applied]
+            if failed:
+                raise DiffError(
+                    f"{tf_path}: hunk {failed[0].hunk.header()} from {failed[0].hunk.origin} "
+                    f"does not apply to {src}"
+                )
+        out[tf_path] = content
+    return out
+
+
+def collect(version: str, root: Path | None = None) -> PatchParts:
+    check_version(version)
+    root = root or repo_root()
+    changed = _merged_diffs(version, root)
+    added = added_files(version, root, changed)
+    files = [fd for fd in changed if fd.path not in added]
+    for tf_path, content in added.items():
         files.append(FileDiff(path=tf_path, new_file=True, content=content))
     files.sort(key=lambda f: f.path)
     subject, body = read_commit_message(version, root)

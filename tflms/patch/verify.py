@@ -31,7 +31,7 @@ from tflms.patch.generate import collect, stale_reason
 from tflms.patch.goldens import GOLDEN_DIR
 from tflms.patch.pycopy import PyCopyError, build_patched_package, subprocess_env
 from tflms.patch.unidiff import FileDiff, apply_hunks, render_file_diff
-from tflms.patch.wheel import find_wheel, include_rel, wheel_file
+from tflms.patch.wheel import find_wheel, include_rel, installed_tf_version, wheel_file
 
 log = logging.getLogger("tflms.verify")
 
@@ -84,6 +84,8 @@ class VerifyResult:
     api_lines: list[str] = field(default_factory=list)
     # .diff file -> its leading comment, which says how its context was established
     diff_notes: dict[str, str] = field(default_factory=dict)
+    wheel_version: str = ""  # the TensorFlow checked against (the tag's, or a nightly's)
+    layers: list[str] = field(default_factory=list)  # tf/ layers the patch is made of
     patched_goldens: dict[str, str] = field(default_factory=dict)  # from c)'s run
 
     @property
@@ -441,6 +443,15 @@ def run_verify(
     checks = {fd.path: FileCheck(fd.path, fd.new_file, fd.added, fd.removed) for fd in parts.files}
     result.files = list(checks.values())
     result.diff_notes = diff_notes(version, root)
+    result.wheel_version = installed_tf_version() or "?"
+    from tflms.patch import repo_root, tf_layers
+
+    base = root or repo_root()
+    result.layers = [
+        layer.relative_to(base).as_posix() + "/"
+        for layer in tf_layers(version, base)
+        if layer.is_dir() and any((layer / sub).exists() for sub in ("files", "diffs"))
+    ]
     own_tmp = work is None
     work = Path(tempfile.mkdtemp(prefix="tflms-verify-")) if work is None else work
     work.mkdir(parents=True, exist_ok=True)
