@@ -265,3 +265,28 @@ def test_patch_apply_uses_the_shipped_patch(installed: Installed) -> None:
     assert (tree / ENGINE_DIR / "src" / "engine.cc").is_file()
     proc = installed.tflms("patch", "apply", "--tf-source", str(tree), "--tf-version", VERSION)
     assert proc.returncode == 0 and "already has the patch" in proc.stdout
+
+
+def test_installed_copy_verifies_the_newest_patch_against_the_wheel(installed: Installed) -> None:
+    # The checks that need TensorFlow (Python half, API goldens): TensorFlow is
+    # borrowed from this environment through a path entry, the tflms that runs is
+    # the installed one. Compiles are left to `make verify` (minutes).
+    tf = pytest.importorskip("tensorflow")
+    borrowed = installed.site / "borrowed_tensorflow.pth"
+    borrowed.write_text(str(Path(tf.__file__).resolve().parents[1]) + "\n")
+    try:
+        env = {"PATH": str(installed.bin), "HOME": str(installed.work), "LC_ALL": "C.UTF-8"}
+        proc = subprocess.run(
+            [str(installed.venv / "bin" / "tflms"), "verify", "--tf-version", VERSION,
+             "--no-compile"],
+            cwd=installed.work, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    finally:
+        borrowed.unlink()
+    out = proc.stdout + proc.stderr
+    assert "failing: 0" in out, out[-3000:]
+    assert "python checks: 12/12" in out, out[-3000:]
+    assert str(installed.site) in _run(
+        [str(installed.venv / "bin" / "python"), "-c", "import tflms; print(tflms.__file__)"],
+        cwd=installed.work,
+    )
