@@ -294,17 +294,25 @@ Status SimDevice::ReleaseAddressRange(void* base, size_t bytes) {
   return Status::Ok();
 }
 
-Status SimDevice::MapPages(void* addr, size_t bytes) {
-  char* p = static_cast<char*>(addr);
-  std::lock_guard<std::mutex> lock(vm_mu_);
+Status SimDevice::PageSpan(const char* what, const char* p, size_t bytes,
+                           size_t* lo, size_t* n) const {
   if (vm_base_ == nullptr || p < vm_base_ || bytes == 0 ||
       p + bytes > vm_base_ + vm_bytes_ ||
       static_cast<size_t>(p - vm_base_) % vm_page_ != 0 ||
       bytes % vm_page_ != 0) {
-    return InvalidArgument("map: not whole pages of the reserved range");
+    return InvalidArgument(std::string(what) +
+                           ": not whole pages of the reserved range");
   }
-  const size_t lo = static_cast<size_t>(p - vm_base_) / vm_page_;
-  const size_t n = bytes / vm_page_;
+  *lo = static_cast<size_t>(p - vm_base_) / vm_page_;
+  *n = bytes / vm_page_;
+  return Status::Ok();
+}
+
+Status SimDevice::MapPages(void* addr, size_t bytes) {
+  char* p = static_cast<char*>(addr);
+  std::lock_guard<std::mutex> lock(vm_mu_);
+  size_t lo = 0, n = 0;
+  TFLMS_RETURN_IF_ERROR(PageSpan("map", p, bytes, &lo, &n));
   for (size_t i = lo; i < lo + n; ++i) {
     if (vm_mapped_[i]) return InvalidArgument("map: page already mapped");
   }
@@ -327,14 +335,8 @@ Status SimDevice::MapPages(void* addr, size_t bytes) {
 Status SimDevice::UnmapPages(void* addr, size_t bytes) {
   char* p = static_cast<char*>(addr);
   std::lock_guard<std::mutex> lock(vm_mu_);
-  if (vm_base_ == nullptr || p < vm_base_ || bytes == 0 ||
-      p + bytes > vm_base_ + vm_bytes_ ||
-      static_cast<size_t>(p - vm_base_) % vm_page_ != 0 ||
-      bytes % vm_page_ != 0) {
-    return InvalidArgument("unmap: not whole pages of the reserved range");
-  }
-  const size_t lo = static_cast<size_t>(p - vm_base_) / vm_page_;
-  const size_t n = bytes / vm_page_;
+  size_t lo = 0, n = 0;
+  TFLMS_RETURN_IF_ERROR(PageSpan("unmap", p, bytes, &lo, &n));
   for (size_t i = lo; i < lo + n; ++i) {
     if (!vm_mapped_[i]) return InvalidArgument("unmap: page not mapped");
   }

@@ -162,6 +162,11 @@ class SimDevice : public Device {
 
   std::unique_ptr<SimStream> streams_[3];
 
+  // [p, p + bytes) as whole pages of the reserved range: first page, count.
+  // REQUIRES: vm_mu_ held.
+  Status PageSpan(const char* what, const char* p, size_t bytes, size_t* lo,
+                  size_t* n) const;
+
   mutable std::mutex vm_mu_;
   char* vm_base_ = nullptr;          // guarded by vm_mu_
   size_t vm_bytes_ = 0;              // guarded by vm_mu_
