@@ -146,7 +146,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tflms_tfcpu_reclaim_inactive.restype = ctypes.c_int64
     lib.tflms_tfcpu_defragment.restype = ctypes.c_int64
     lib.tflms_tfcpu_rehook.restype = ctypes.c_int
-    lib.tflms_tfcpu_patched_slots.restype = ctypes.c_int
     lib.tflms_tfcpu_delay_page_ins.argtypes = [ctypes.c_int]
 
 
@@ -249,10 +248,6 @@ def defragment() -> int:
 def _delay_page_ins(microseconds: int) -> None:
     """Tests: every later page-in copy sleeps this long before it lands."""
     _require().tflms_tfcpu_delay_page_ins(microseconds)
-
-
-def _patched_slots() -> int:
-    return int(_require().tflms_tfcpu_patched_slots())
 
 
 def library() -> Path:

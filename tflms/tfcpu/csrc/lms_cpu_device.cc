@@ -19,8 +19,6 @@
 // CPU factory (priority 70).
 #include <Python.h>  // the buffer protocol of EagerTensor (first: Python's rule)
 #include <dlfcn.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -57,6 +55,7 @@ namespace tflms_tfcpu {
 
 std::string InstallTensorHooks();
 int PatchedSlots();
+bool WritePointer(void** slot, void* value);
 
 namespace {
 
@@ -220,8 +219,6 @@ int tflms_tfcpu_rehook() {
   return PatchedSlots();
 }
 
-int tflms_tfcpu_patched_slots() { return tflms_tfcpu::PatchedSlots(); }
-
 // "name value" lines of the engine's statistics into `out`; returns the
 // length needed (call again with a larger buffer when it exceeds `len`).
 int tflms_tfcpu_stats(char* out, int len) {
@@ -334,15 +331,11 @@ int tflms_tfcpu_hook_buffer_protocol(PyObject* type) {
   if (procs == nullptr || procs->bf_getbuffer == nullptr) return -1;
   if (procs->bf_getbuffer == &GetBufferOfUnmovable) return 0;
   original_getbuffer = procs->bf_getbuffer;
-  // The table may sit in relocated read-only data.
-  const long page = sysconf(_SC_PAGESIZE);
-  uintptr_t start = reinterpret_cast<uintptr_t>(&procs->bf_getbuffer) &
-                    ~static_cast<uintptr_t>(page - 1);
-  if (mprotect(reinterpret_cast<void*>(start), page, PROT_READ | PROT_WRITE) !=
-      0) {
+  // The table may sit in relocated read-only data, like a GOT.
+  if (!WritePointer(reinterpret_cast<void**>(&procs->bf_getbuffer),
+                    reinterpret_cast<void*>(&GetBufferOfUnmovable))) {
     return -1;
   }
-  procs->bf_getbuffer = &GetBufferOfUnmovable;
   return 0;
 }
 

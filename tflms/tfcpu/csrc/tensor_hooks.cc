@@ -33,6 +33,9 @@
 #include "tensorflow/core/framework/types.pb.h"
 
 namespace tflms_tfcpu {
+
+bool WritePointer(void** slot, void* value);
+
 namespace {
 
 using tensorflow::AllocationAttributes;
@@ -142,19 +145,6 @@ uintptr_t Adjust(const dl_phdr_info* info, uintptr_t ptr) {
   return ptr < info->dlpi_addr ? ptr + info->dlpi_addr : ptr;
 }
 
-bool WriteSlot(void** slot, void* value) {
-  const long page = sysconf(_SC_PAGESIZE);
-  uintptr_t start = reinterpret_cast<uintptr_t>(slot) & ~(page - 1);
-  // RELRO may have made the GOT read-only; it stays writable afterwards,
-  // which is no worse than a lazily bound PLT.
-  if (mprotect(reinterpret_cast<void*>(start), page, PROT_READ | PROT_WRITE) !=
-      0) {
-    return false;
-  }
-  __atomic_store_n(slot, value, __ATOMIC_RELEASE);
-  return true;
-}
-
 void PatchRelocations(const dl_phdr_info* info, const Elf64_Rela* rela,
                       size_t count, const Elf64_Sym* symtab,
                       const char* strtab) {
@@ -166,7 +156,7 @@ void PatchRelocations(const dl_phdr_info* info, const Elf64_Rela* rela,
     for (Hook& h : hooks) {
       if (std::strcmp(name, h.symbol) != 0) continue;
       void** slot = reinterpret_cast<void**>(info->dlpi_addr + rela[i].r_offset);
-      if (WriteSlot(slot, h.replacement)) ++h.patched;
+      if (WritePointer(slot, h.replacement)) ++h.patched;
     }
   }
 }
@@ -229,6 +219,20 @@ bool Resolve(void* framework, const char* symbol, Fn* out) {
 }
 
 }  // namespace
+
+// Writes a function pointer into a table another library owns (a GOT slot, a
+// type's slot table). RELRO may have made it read-only; it stays writable
+// afterwards, which is no worse than a lazily bound PLT.
+bool WritePointer(void** slot, void* value) {
+  const long page = sysconf(_SC_PAGESIZE);
+  uintptr_t start = reinterpret_cast<uintptr_t>(slot) & ~(page - 1);
+  if (mprotect(reinterpret_cast<void*>(start), page, PROT_READ | PROT_WRITE) !=
+      0) {
+    return false;
+  }
+  __atomic_store_n(slot, value, __ATOMIC_RELEASE);
+  return true;
+}
 
 // Installs the hooks; returns "" or what went wrong. The definitions are
 // taken from libtensorflow_framework.so.2 itself, never from a GOT slot that

@@ -214,7 +214,6 @@ class ScopedTensorPins {
   absl::Status PinUnowned(const Tensor& t);
   void Release();
   bool empty() const { return pinned_.empty() && unowned_.empty(); }
-  size_t size() const { return pinned_.size() + unowned_.size(); }
 
  private:
   absl::InlinedVector<MovableTensorBuffer*, 4> pinned_;

@@ -88,8 +88,6 @@ class KernelPins {
   KernelPins(const KernelPins&) = delete;
   KernelPins& operator=(const KernelPins&) = delete;
   bool ok() const { return ok_; }
-  // How many buffers are pinned (for tests and statistics).
-  size_t size() const { return pins_.size(); }
 
  private:
   OpKernelContext* const context_;
