@@ -223,6 +223,15 @@ def test_xla_clusters_are_named_once_with_what_to_change() -> None:
     assert "jit_compile=False" in log
 
 
+def test_reset_memory_stats_restarts_the_peak() -> None:
+    # Issue 12: with LMS on, reset_memory_stats raised ValueError (no
+    # ClearStats in the LMS allocator).
+    result = run_case("memory_stats", "lms")
+    assert result["before"]["peak"] > result["before"]["current"]
+    assert result["after"]["peak"] == result["after"]["current"]
+    assert result["stats"]["peak_bytes_in_use"] == result["after"]["current"]
+
+
 def test_enable_after_tensorflow_made_its_devices_says_so() -> None:
     code = (
         "import tensorflow as tf\n"

@@ -34,6 +34,7 @@ DEVICE_MEMORY = {
     "xla": "8MiB",
     "big_variables": "4MiB",
     "fragmented": "9MiB",
+    "memory_stats": "8MiB",
 }
 
 
@@ -333,6 +334,19 @@ def fragmented(tf: Any) -> dict[str, Any]:
     return {"values": _hex(sums)}
 
 
+def memory_stats(tf: Any) -> dict[str, Any]:
+    # tf.config.experimental.get_memory_info / reset_memory_stats reach the LMS
+    # allocator's GetStats and ClearStats.
+    x = tf.ones([256, 1024])
+    y = x * 2.0
+    total = float(tf.reduce_sum(y))
+    del y
+    before = tf.config.experimental.get_memory_info("CPU:0")
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    after = tf.config.experimental.get_memory_info("CPU:0")
+    return {"total": total, "before": before, "after": after}
+
+
 CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "cnn": cnn,
     "rnn": rnn,
@@ -347,6 +361,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "xla": xla,
     "big_variables": big_variables,
     "fragmented": fragmented,
+    "memory_stats": memory_stats,
 }
 
 
