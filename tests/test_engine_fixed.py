@@ -95,3 +95,25 @@ def test_defragment_is_a_no_op_and_bad_page_size_is_refused() -> None:
     eng.free(buf)
     with pytest.raises(ValueError, match="page_size"):
         tflms.Engine(device_memory=MiB, fixed_addresses=True, page_size=PAGE + 1)
+
+
+def test_inactive_neighbours_sharing_pages_are_evicted_together() -> None:
+    # Buffers of one page each, packed at 256 bytes, straddle page boundaries: every
+    # page is shared by two of them, so evicting any one alone frees no page. The
+    # reclaim must see that evicting neighbours together frees whole pages (a
+    # TensorArray's elements are exactly this shape).
+    eng = fixed_engine(pages=8)
+    head = eng.allocate(PAGE // 2)
+    row = [eng.allocate(PAGE) for _ in range(6)]
+    for i, buf in enumerate(row):
+        buf.write(bytes([i + 1]) * buf.nbytes)
+        eng.pin(buf)
+        eng.unpin(buf)
+    big = eng.allocate(4 * PAGE)  # needs pages only the row's evictions can free
+    assert big.resident
+    assert eng.stats()["num_pages_unmapped"] > 0
+    eng.check_invariants()
+    for i, buf in enumerate(row):
+        assert buf.read() == bytes([i + 1]) * buf.nbytes
+    for buf in (head, big, *row):
+        eng.free(buf)

@@ -8,6 +8,7 @@ statistics must show real traffic. The regression tests name the defect they gua
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -63,16 +64,23 @@ def harness_library() -> None:
     )
 
 
+@functools.cache
+def stock_output(case: str) -> dict:
+    """The program's values on stock TensorFlow (deterministic: op determinism on)."""
+    return run_case(case, "stock")
+
+
 def _peak_without_pressure(case: str) -> int:
-    # The executor's schedule (loop iterations in flight) varies with machine
-    # load, and so does the peak: the larger of two runs is a peak the step
-    # really reached.
+    # The executor's schedule varies with machine load (two threads run ready
+    # kernels: the caller's and the inter-op pool's), and the peak with it: the
+    # CNN's was 10.0 MB on an idle machine and up to 17.3 MB on a loaded one. The
+    # smaller of two runs is the most frugal schedule seen, the honest yardstick.
     peaks = []
     for _ in range(2):
         result = run_case(case, "lms", {"TFCPU_DEVICE_MEMORY": "1GiB"})
         assert result["stats"]["bytes_reclaimed"] == 0
         peaks.append(result["stats"]["peak_bytes_in_use"])
-    return max(peaks)
+    return min(peaks)
 
 
 @pytest.mark.parametrize("case", ["cnn", "rnn", "map_fn"])
@@ -81,10 +89,9 @@ def test_training_is_bit_identical_with_a_quarter_of_the_peak(case: str) -> None
     from tflms.planner.gpu import parse_size
 
     peak = _peak_without_pressure(case)
-    assert parse_size(DEVICE_MEMORY[case]) * 4 <= peak * 1.01, (case, peak)
-    stock = run_case(case, "stock")
+    assert parse_size(DEVICE_MEMORY[case]) * 4 <= peak, (case, peak)
     lms = run_case(case, "lms")
-    assert program_output(lms) == stock
+    assert program_output(lms) == stock_output(case)
     stats = lms["stats"]
     assert stats["bytes_reclaimed"] > peak  # more than a whole step's peak moved out
     assert stats["num_page_ins"] > 10
@@ -93,27 +100,33 @@ def test_training_is_bit_identical_with_a_quarter_of_the_peak(case: str) -> None
 
 @pytest.mark.parametrize("case", ["cnn", "rnn", "map_fn", "tensor_array"])
 def test_defragmentation_moves_tensors_and_keeps_values(case: str) -> None:
-    stock = run_case(case, "stock")
     moved = run_case(case, "defrag")
-    assert program_output(moved) == stock
+    assert program_output(moved) == stock_output(case)
     assert moved["stats"]["peak_bytes_in_use"] > 0.9 * moved["stats"]["bytes_limit"]
 
 
-def test_fixed_address_mode_trains_with_pages_unmapped() -> None:
-    # Issue 14's engine mode under real TensorFlow: no tensor ever changes
-    # address; eviction unmaps its pages, so a read no pin covered would fault.
-    stock = run_case("cnn", "stock")
-    fixed = run_case("cnn", "fixed")
-    assert program_output(fixed) == stock
-    assert fixed["stats"]["num_pages_unmapped"] > 0
-    assert fixed["stats"]["bytes_reclaimed"] > 0
+@pytest.mark.parametrize("case", ["cnn", "rnn", "map_fn", "tensor_array"])
+def test_fixed_address_mode_trains_with_pages_unmapped(case: str) -> None:
+    # Issue 14's engine mode under real TensorFlow, with the same quarter of the
+    # peak (4 KiB pages): no tensor ever changes address; eviction unmaps its pages, so a read
+    # no pin covered would fault.
+    # The TensorArray program gets less than its lms-mode memory: its elements, one
+    # page each and packed across page boundaries, must then leave and come back.
+    env = {"TFCPU_DEVICE_MEMORY": "1152KiB"} if case == "tensor_array" else None
+    fixed = run_case(case, "fixed", env)
+    assert program_output(fixed) == stock_output(case)
+    stats = fixed["stats"]
+    assert stats["num_pages_unmapped"] > 0
+    assert stats["bytes_reclaimed"] > 0
+    assert stats["num_page_ins"] > 0
+    assert stats["num_ooms"] == 0
 
 
 def test_defragmentation_moves_tensors_instead_of_paging_them_out() -> None:
     # Holes between tensors no kernel uses: with defragmentation the tensors
     # move together on the device (every move verified); without, they leave
     # for host memory.
-    stock = run_case("fragmented", "stock")
+    stock = stock_output("fragmented")
     moved = run_case("fragmented", "defrag")
     paged = run_case("fragmented", "lms")
     assert moved["values"] == stock["values"] == paged["values"]
@@ -127,7 +140,7 @@ def test_tensor_array_kernels_run_with_a_full_device() -> None:
     # TensorArrayGatherV3/ConcatV3 read elements no input names (defect 2); the
     # TensorList path is what tf.map_fn exercises above. Here the device is
     # full when they run (the elements themselves are not shown to move).
-    stock = run_case("tensor_array", "stock")
+    stock = stock_output("tensor_array")
     lms = run_case("tensor_array", "lms")
     assert program_output(lms) == stock
     assert lms["stats"]["peak_bytes_in_use"] > 0.9 * lms["stats"]["bytes_limit"]
@@ -136,7 +149,7 @@ def test_tensor_array_kernels_run_with_a_full_device() -> None:
 def test_variables_paged_out_between_uses_are_read_correctly() -> None:
     # Defect 5: a variable's buffer is brought back before the kernel, outside
     # its lock, with an error status instead of a CHECK failure.
-    stock = run_case("variables", "stock")
+    stock = stock_output("variables")
     lms = run_case("variables", "lms")
     assert lms["values"] == stock["values"]
     assert lms["reclaimed_before_read"] > 4 * 256 * 1024  # the variable itself left
@@ -150,7 +163,7 @@ def test_keras_model_whose_variables_exceed_device_memory_trains() -> None:
     from tests.tfcpu_cases import DEVICE_MEMORY
     from tflms.planner.gpu import parse_size
 
-    stock = run_case("big_variables", "stock")
+    stock = stock_output("big_variables")
     lms = run_case("big_variables", "lms")
     assert lms["variable_bytes"] > 1.5 * parse_size(DEVICE_MEMORY["big_variables"])
     assert program_output(lms) == stock
@@ -172,7 +185,7 @@ def test_pins_leave_buffer_forwarding_as_in_stock_tensorflow() -> None:
 
 def test_dlpack_export_returns_after_the_bytes_are_back() -> None:
     # Defect 3: a delayed page-in must have landed before the view is read.
-    stock = run_case("dlpack", "stock")
+    stock = stock_output("dlpack")
     lms = run_case("dlpack", "lms")
     assert lms["values"] == stock["values"]
     assert lms["stats"]["num_page_ins"] >= 1
@@ -208,7 +221,7 @@ def test_custom_op_built_against_stock_headers_works(tmp_path: Path) -> None:
 def test_allocation_waits_for_memory_another_thread_frees() -> None:
     # Issue 12: the LMS allocator failed at once where TensorFlow's BFC
     # allocator waits for frees (allocations that allow retry).
-    stock = run_case("retry", "stock")
+    stock = stock_output("retry")
     lms = run_case("retry", "lms")
     assert lms["values"] == stock["values"]
     assert lms["waited"] >= 0.4
@@ -216,7 +229,7 @@ def test_allocation_waits_for_memory_another_thread_frees() -> None:
 
 
 def test_xla_clusters_are_named_once_with_what_to_change() -> None:
-    stock = run_case("xla", "stock")
+    stock = stock_output("xla")
     lms, log = run_case_with_log("xla", "lms")
     assert lms["values"] == stock["values"]
     assert log.count("runs with LMS on") == 1, log[-3000:]

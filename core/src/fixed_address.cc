@@ -17,7 +17,8 @@
 // page is mapped while any resident chunk lies on it (reference counts);
 // evicting a buffer unmaps only the pages no resident chunk shares. Hence a
 // small evicted buffer whose page a resident neighbour shares keeps that
-// page mapped (stale bytes, no fault) until the neighbour goes too. The
+// page mapped (stale bytes, no fault) until the neighbour goes too; victim
+// choice (ChoosePageVictims) therefore takes cold neighbours together. The
 // alternative, rounding chunks to whole pages, wastes up to a page per
 // allocation; docs/design.md records the measured waste of both.
 //
@@ -336,23 +337,38 @@ std::vector<Buffer*> Engine::Impl::ChoosePageVictims(size_t deficit,
     if (eligible(b) && gain_of(b) >= deficit) return {b};
   }
   if (max_victims <= 1) return {};
-  // Otherwise the least recently used that together free enough.
+  // Otherwise the least recently used that together free enough. A page is
+  // freed once every resident chunk on it is a victim, so a victim that frees
+  // nothing alone may free pages together with its neighbours (chunks packed
+  // at 256 bytes straddle page boundaries): count pages as the set grows, then
+  // drop the victims none of whose pages ended up freed.
   std::vector<Buffer*> victims;
   size_t freed = 0;
   for (Buffer* b = lru_head_; b != nullptr && freed < deficit;
        b = b->lru_next) {
     if (!eligible(b)) continue;
-    const size_t gain = gain_of(b);
-    if (gain == 0) continue;  // all its pages stay (shared with residents)
     const BfcArena::Chunk* c = arena_->chunk(b->chunk);
     size_t blo, bhi;
     PageSpan(c->ptr, c->size, &blo, &bhi);
-    for (size_t p = blo; p < bhi; ++p) ++dec[p];
+    for (size_t p = blo; p < bhi; ++p) {
+      if (++dec[p] == pages_[p].resident && (p < lo || p >= hi)) ++freed;
+    }
     victims.push_back(b);
-    freed += gain;
   }
-  if (freed < deficit) victims.clear();  // evicting all would not do
-  return victims;
+  if (freed < deficit) return {};  // evicting all would not do
+  std::vector<Buffer*> useful;
+  for (Buffer* b : victims) {
+    const BfcArena::Chunk* c = arena_->chunk(b->chunk);
+    size_t blo, bhi;
+    PageSpan(c->ptr, c->size, &blo, &bhi);
+    for (size_t p = blo; p < bhi; ++p) {
+      if (dec[p] == pages_[p].resident && (p < lo || p >= hi)) {
+        useful.push_back(b);
+        break;
+      }
+    }
+  }
+  return useful;
 }
 
 Status Engine::Impl::MakeResidentFixed(std::unique_lock<std::mutex>& lock,

@@ -77,7 +77,7 @@ def enable(
     verify_moves: bool = False,
     lms: bool = True,
     fixed_addresses: bool = False,
-    page_size: int | str = "64KiB",
+    page_size: int | str = "4KiB",
 ) -> None:
     """Makes CPU:0 an LMS device with `device_memory` bytes of modelled device memory.
 
@@ -85,7 +85,9 @@ def enable(
     stock TensorFlow's behaviour over the engine's BFC allocator, a baseline.
     With fixed_addresses=True the engine runs in the add-on's mode: a tensor keeps its
     address for life, eviction unmaps its pages (of `page_size` bytes), and a kernel
-    that reads an evicted tensor no pin covered faults at once.
+    that reads an evicted tensor no pin covered faults at once. The default page, the
+    host's, is to a few MiB of modelled memory what a GPU's 2 MiB mapping granule is to
+    its GiBs: coarser pages on a tiny device would strand memory no GPU strands.
 
     Call it before TensorFlow creates its devices (before the first op). Imports
     TensorFlow. Raises TfcpuError if it is too late or already enabled, and BuildError
