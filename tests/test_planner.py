@@ -6,12 +6,14 @@ kept for the backward pass, the pattern LMS exists for); the `tf` tests replay a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from tflms.planner.gpu import GIB, get_gpu, parse_link, parse_size
+from tflms.planner.machines import get_pairing
 from tflms.planner.replay import (
     EngineConfig,
     build_plan,
@@ -258,12 +260,15 @@ def test_overhead_points_report_roofline_ratios() -> None:
 
 def test_results_markdown_reports_batches_overheads_goals_and_calibration() -> None:
     trace = chain_trace(layers=8, batch=4)
-    m = machine(peak_live_bytes(build_plan(trace, GPU)), host=64 * MIB)
-    m = Machine(
-        m.gpu.with_memory(m.gpu.memory_bytes), "pcie4", 24.0, m.host_memory
-    )  # a 16 GiB V100 model with a tiny memory: the goals section reads "v100-16"
+    # The DGX-1's V100 with a tiny memory, marked as that machine so that the goals
+    # section (evaluated on the 16 GB V100's real machines only) is filled in.
+    m = dataclasses.replace(
+        Machine.from_pairing(get_pairing("dgx1-v100")),
+        gpu=GPU.with_memory(peak_live_bytes(build_plan(trace, GPU))),
+        host_memory=64 * MIB,
+    )
     mb = max_batch(trace, m)
-    rows = overhead_points(trace, m, [2 * mb["without_lms"]], [("pcie4", 24.0)])
+    rows = overhead_points(trace, m, [2 * mb["without_lms"]], machines=[m])
     cal = [
         {
             "gpu": "v100-16gb", "model": "ResNet50", "batch_size": 128, "published_per_s": 365.0,
@@ -281,8 +286,9 @@ def test_results_markdown_reports_batches_overheads_goals_and_calibration() -> N
     md = results_markdown(res)
     assert md.startswith(RESULTS_MARKER)
     assert f"| {mb['without_lms']} | {mb['with_lms']} |" in md
-    assert "ResNet50 largest batch with LMS >= 6x" in md
+    assert "ResNet50 largest batch with LMS >= 6x without (dgx1-v100)" in md
     assert "## How the GPU model was calibrated" in md and "a README" in md
+    assert "prefetch (engine only)" in md and "| dgx1-v100 |" in md
 
 
 # ------------------------------------------------------------------ models and parsing
@@ -338,11 +344,14 @@ def test_simulate_json_max_batch_and_plot(
     assert out["batch_size"] == 8
     assert out["without_lms"]["fits"] is False
     assert out["without_lms"]["peak_live_bytes"] > int(memory)
-    assert [r["label"] for r in out["lms"]] == [
-        "LMS + prefetch",
-        "LMS + on-demand",
-        "LMS + prefetch + defrag",
+    # On-demand first: the patched TensorFlow does not prefetch.
+    assert [(r["label"], r["as_patched_tf_runs"]) for r in out["lms"]] == [
+        ("LMS + on-demand", True),
+        ("LMS + on-demand + defrag", True),
+        ("LMS + prefetch (engine only)", False),
     ]
+    # --memory made it a what-if, and the JSON says so.
+    assert out["machine"]["hypothetical"] is True and out["machine"]["what_if"]
     assert all(r["fits"] and r["h2d_bytes"] > 0 for r in out["lms"])
     assert out["unlimited"]["step_time_s"] <= min(r["step_time_s"] for r in out["lms"])
     mb = out["max_batch"]
@@ -364,7 +373,8 @@ def test_simulate_table_names_fit_and_overhead(
     out = capsys.readouterr().out
     assert rc == 0
     assert "does NOT fit" in out
-    assert "LMS + prefetch" in out and "overhead" in out
+    assert "LMS + on-demand" in out and "overhead" in out
+    assert "WHAT-IF" in out and "hypothetical" in out
 
 
 def test_simulate_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -427,5 +437,7 @@ def test_real_model_max_batch_and_step(mobilenet_trace: Trace) -> None:
 
 def test_engine_config_labels_are_what_reports_show() -> None:
     assert EngineConfig(1, 1, 1.0, lms=False).label() == "no LMS"
-    assert EngineConfig(1, 1, 1.0, prefetch=False).label() == "LMS + on-demand"
-    assert EngineConfig(1, 1, 1.0, defrag=True).label() == "LMS + prefetch + defrag"
+    assert EngineConfig(1, 1, 1.0).label() == "LMS + on-demand"
+    assert EngineConfig(1, 1, 1.0, defrag=True).label() == "LMS + on-demand + defrag"
+    assert EngineConfig(1, 1, 1.0, prefetch=True).label() == "LMS + prefetch (engine only)"
+    assert not EngineConfig(1, 1, 1.0, prefetch=True).as_patched_tf_runs

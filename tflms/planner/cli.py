@@ -6,17 +6,23 @@ Nothing heavy is imported at module level: `tflms --help` stays instant.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+_MACHINE_HELP = (
+    "a real machine (GPU + its host link + host RAM): dgx1-v100 (default), ac922-v100, "
+    "dgx-a100-40gb, dgx-a100-80gb, dgx-h100, gh200"
+)
 _GPU_HELP = (
-    "modelled GPU: v100-16gb, v100-32gb, a100-40gb, a100-80gb, h100-80gb (default v100-16gb)"
+    "modelled GPU: v100-16gb, v100-32gb, a100-40gb, a100-80gb, h100-80gb, gh200-96gb "
+    "(on the link of the machine that has it)"
 )
 _LINK_HELP = (
-    "host link: pcie3, pcie4, pcie5, nvlink2-power9, c2c, or a bandwidth in GB/s per direction "
-    "(default pcie4)"
+    "what-if host link: pcie3, pcie4, pcie5, nvlink2-power9, c2c, or a bandwidth in GB/s per "
+    "direction (default: the machine's own; another link makes the figures hypothetical)"
 )
 
 
@@ -36,18 +42,42 @@ def add_parsers(sub: Any) -> None:
     src.add_argument("--batch", type=int, help="batch size (rescales the trace)")
     src.add_argument("--input-size", type=int, help="input edge for --model (default: the model's)")
     gpu = p.add_argument_group("modelled machine")
-    gpu.add_argument("--gpu", default="v100-16gb", help=_GPU_HELP)
-    gpu.add_argument("--memory", help="GPU memory, e.g. 16GiB, 40GiB, 80GiB (default: the GPU's)")
-    gpu.add_argument("--tflops", type=float, help="effective compute rate in TFLOP/s (overrides)")
-    gpu.add_argument("--link", default="pcie4", help=_LINK_HELP)
+    gpu.add_argument("--machine", help=_MACHINE_HELP)
+    gpu.add_argument("--gpu", help=_GPU_HELP)
+    gpu.add_argument(
+        "--memory", help="what-if GPU memory, e.g. 24GiB (default: the GPU's; hypothetical)"
+    )
+    gpu.add_argument(
+        "--tflops", type=float, help="what-if effective compute rate in TFLOP/s (hypothetical)"
+    )
+    gpu.add_argument("--link", help=_LINK_HELP)
     gpu.add_argument(
         "--host-memory",
-        default="128GiB",
-        help="host memory LMS may fill with reclaimed tensors (TF_GPU_HOST_MEM_LIMIT_IN_MB; "
-        "default 128GiB, TensorFlow's default)",
+        "--host-limit",
+        dest="host_limit",
+        help="TensorFlow's pinned host pool limit per process (TF_GPU_HOST_MEM_LIMIT_IN_MB or "
+        "GPUOptions.experimental.gpu_host_mem_limit_in_mb), e.g. 256GiB (default: TensorFlow's "
+        "128GiB)",
+    )
+    gpu.add_argument(
+        "--host-ram", help="the machine's host RAM, e.g. 1TiB (default: the machine's)"
+    )
+    gpu.add_argument(
+        "--gpus-per-process",
+        type=int,
+        default=1,
+        help="GPUs one TensorFlow process drives; they share its host limit (default 1)",
     )
     eng = p.add_argument_group("engine")
-    eng.add_argument("--no-prefetch", action="store_true", help="page in on demand only")
+    eng.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="let the engine prefetch (not enabled inside the patched TensorFlow yet: "
+        "a what-if for the engine)",
+    )
+    eng.add_argument(
+        "--no-prefetch", action="store_true", help="page in on demand only (the default)"
+    )
     eng.add_argument("--defrag", action="store_true", help="enable defragmentation")
     eng.add_argument("--steps", type=int, default=2, help="steps replayed; the last is measured")
     eng.add_argument(
@@ -75,10 +105,12 @@ def add_parsers(sub: Any) -> None:
 
     d = sub.add_parser(
         "demo",
-        help="ResNet50 on a modelled 16 GiB GPU: largest batch without/with LMS, overhead",
+        help="ResNet50 on a 16 GB V100 (PCIe 3 and NVLink 2 machines): largest batch, overhead",
         description=(
             "Trace ResNet50 (once, cached), then find the largest batch without and with LMS on "
-            "a modelled 16 GiB V100 and predict the step-time overhead on PCIe 4 and PCIe 5."
+            "a modelled 16 GB V100 in the two real machines that have it (DGX-1 on PCIe 3, "
+            "AC922 on NVLink 2), say whether the GPU or the host side stops the batch, and "
+            "predict the step-time overhead at 4x the batch."
         ),
     )
     d.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -97,7 +129,13 @@ def add_parsers(sub: Any) -> None:
     )
     r.add_argument("--force", action="store_true", help="overwrite a file tflms did not write")
     r.add_argument("--models", help="comma-separated subset, e.g. ResNet50,UNet3D")
-    r.add_argument("--gpus", help="comma-separated subset of v100-16gb,a100-80gb")
+    r.add_argument(
+        "--machines",
+        "--gpus",
+        dest="machines",
+        help="comma-separated subset of the studied machines (dgx1-v100, ac922-v100, ...) or "
+        "of their GPUs (v100-16gb, ...)",
+    )
     r.add_argument(
         "--from-json", metavar="FILE", help="rewrite the markdown from a saved --json-output"
     )
@@ -144,7 +182,7 @@ def _engine_ready() -> str | None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from tflms.planner import gpu as gpus
-    from tflms.planner.simulate import Machine, max_batch, max_size, simulate_step
+    from tflms.planner.simulate import max_batch, max_size, simulate_step
 
     if bool(args.trace) == bool(args.model):
         return _fail("give a trace file or --model NAME (one of them)")
@@ -155,18 +193,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.batch is not None and args.batch < 1:
         return _fail("--batch must be at least 1")
     try:
-        gpu = gpus.get_gpu(args.gpu)
-        if args.memory:
-            gpu = gpu.with_memory(gpus.parse_size(args.memory))
-        if args.tflops is not None:
-            if args.tflops <= 0:
-                return _fail("--tflops must be positive")
-            gpu = gpu.with_tflops(args.tflops)
-        link_name, link_gbps = gpus.parse_link(args.link)
-        host = gpus.parse_size(args.host_memory)
+        machine = machine_from_args(args)
         budget = gpus.parse_size(args.prefetch_budget) if args.prefetch_budget else 0
     except ValueError as exc:
         return _fail(str(exc))
+    gpu = machine.gpu
+    link_name = machine.link_name
     if args.prefetch_lookahead < 0:
         return _fail("--prefetch-lookahead must be 0 or more")
     if args.plot:
@@ -178,7 +210,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     reason = _engine_ready()
     if reason:
         return _fail(reason)
-    machine = Machine(gpu, link_name, link_gbps, host, args.prefetch_lookahead, budget)
+    machine = dataclasses.replace(
+        machine, prefetch_lookahead=args.prefetch_lookahead, prefetch_budget=budget
+    )
     progress = not args.no_progress and sys.stderr.isatty()
 
     try:
@@ -188,7 +222,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.batch is not None and args.batch != trace.batch_size:
         trace = trace.rescaled(args.batch)
 
-    prefetch = not args.no_prefetch
+    if args.prefetch and args.no_prefetch:
+        return _fail("--prefetch and --no-prefetch contradict each other")
+    prefetch = bool(args.prefetch)
     report, recorded = simulate_step(
         trace,
         machine,
@@ -257,6 +293,71 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if "plot" in report:
             print(f"\nmemory timeline: {report['plot']}")
     return 0
+
+
+def machine_from_args(args: argparse.Namespace) -> Any:
+    """The modelled machine: a real pairing, changed only where the flags say (what-ifs)."""
+    from tflms.planner import gpu as gpus
+    from tflms.planner import machines
+    from tflms.planner.host import MIB
+    from tflms.planner.simulate import Machine
+
+    if args.machine and args.gpu:
+        raise ValueError("give --machine or --gpu, not both (a machine has its own GPU)")
+    what_if: list[str] = []
+    if args.gpu:
+        gpu = gpus.get_gpu(args.gpu)
+        owners = machines.pairings_for_gpu(gpu.name)
+        if owners:
+            pairing = owners[0]
+        else:
+            pairing = machines.get_pairing(machines.DEFAULT_PAIRING)
+            what_if.append(f"{gpu.name} in {pairing.name}'s place (no modelled machine has it)")
+    else:
+        pairing = machines.get_pairing(args.machine or machines.DEFAULT_PAIRING)
+        gpu = pairing.gpu_model
+    link_name, link_gbps = pairing.link, pairing.link_gbps
+    if args.link:
+        link_name, link_gbps = gpus.parse_link(args.link)
+        other = machines.real_pairing(gpu.name, link_name)
+        if other is not None:
+            pairing = other
+        elif link_name != pairing.link or link_gbps != pairing.link_gbps:
+            what_if.append(f"{gpu.name} on {link_name} (no such machine)")
+    if args.memory:
+        size = gpus.parse_size(args.memory)
+        if size != gpu.memory_bytes:
+            what_if.append(f"{gpus.format_bytes(size)} of GPU memory")
+            gpu = gpu.with_memory(size)
+    if args.tflops is not None:
+        if args.tflops <= 0:
+            raise ValueError("--tflops must be positive")
+        what_if.append(f"{args.tflops:g} effective TFLOP/s")
+        gpu = gpu.with_tflops(args.tflops)
+    if args.gpus_per_process < 1 or args.gpus_per_process > pairing.gpus:
+        raise ValueError(
+            f"--gpus-per-process must be between 1 and {pairing.gpus} ({pairing.name}'s GPUs)"
+        )
+    host = pairing.host(gpus_per_process=args.gpus_per_process)
+    if args.host_ram:
+        host = dataclasses.replace(host, ram_bytes=gpus.parse_size(args.host_ram))
+    if args.host_limit:
+        host = host.with_limit_mb(gpus.parse_size(args.host_limit) / MIB)
+    if host.lms_bytes <= 0:
+        raise ValueError(
+            f"no host memory is left for LMS: {gpus.format_bytes(host.ram_bytes)} of RAM over "
+            f"{host.processes} processes, each needing {gpus.format_bytes(host.reserve_bytes)} "
+            "for itself (--host-ram)"
+        )
+    return Machine(
+        gpu,
+        link_name,
+        link_gbps,
+        host.lms_bytes,
+        host_side=host,
+        pairing=pairing.name,
+        what_if=tuple(what_if),
+    )
 
 
 def _default_size(model: str) -> int:
@@ -331,16 +432,18 @@ def cmd_results(args: argparse.Namespace) -> int:
             names = ", ".join(m.name for m in study.RESULT_MODELS)
             return _fail(f"unknown model(s) {', '.join(sorted(unknown))}: choose from {names}")
     machines = study.RESULT_MACHINES
-    if args.gpus:
-        wanted_gpus = {g.strip().lower() for g in args.gpus.split(",") if g.strip()}
-        machines = tuple(m for m in machines if m[0] in wanted_gpus)
+    if args.machines:
+        wanted = {g.strip().lower() for g in args.machines.split(",") if g.strip()}
+        machines = tuple(
+            m for m in machines if m.name in wanted or any(p in wanted for p in m.pairings)
+        )
         if not machines:
-            names = ", ".join(m[0] for m in study.RESULT_MACHINES)
-            return _fail(f"--gpus matches none of the studied GPUs: {names}")
+            names = ", ".join(p for m in study.RESULT_MACHINES for p in m.pairings)
+            return _fail(f"--machines matches none of the studied machines: {names}")
 
     # A subset run on top of saved results replaces only the studies it reruns.
     previous: dict[str, Any] | None = None
-    subset = bool(args.models or args.gpus)
+    subset = bool(args.models or args.machines)
     if subset and args.json_output and Path(args.json_output).exists():
         try:
             previous = json.loads(Path(args.json_output).read_text(encoding="utf-8"))

@@ -9,7 +9,8 @@ throughputs (see CALIBRATION and docs/results.md).
 
 Link figures are measured pinned-copy rates in one direction, not data-sheet
 numbers (docs/reference: PCIe 3 about 12 GB/s, PCIe 4 about 24, PCIe 5 about
-52, NVLink 2 on POWER9 about 68, NVLink-C2C 450).
+52, NVLink 2 on POWER9 about 68; NVLink-C2C 450 is the data-sheet figure, no
+measured one was at hand). Which GPU ships on which link is in machines.py.
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ GPUS: dict[str, GpuModel] = {
         # No published TensorFlow fp32 figure was used for H100: it inherits the
         # A100's fitted fractions (uncertain; docs/results.md says so).
         GpuModel("h100-80gb", 80 * GIB, 494.7, 3350.0, 0.257, 0.80, 5.0, "NVIDIA H100 SXM5 80 GB"),
+        # The GH200's H100 has the H100 SXM5's peaks with 96 GB of HBM3 at 4 TB/s.
+        GpuModel("gh200-96gb", 96 * GIB, 494.7, 4000.0, 0.257, 0.80, 5.0, "NVIDIA GH200 96 GB"),
     )
 }
 
@@ -135,7 +138,7 @@ LINKS: dict[str, float] = {
     "nvlink2-power9": 68.0,
     "c2c": 450.0,
 }
-DEFAULT_LINK = "pcie4"
+DEFAULT_LINK = "pcie3"  # the default GPU's (dgx1-v100 in machines.py)
 DEFAULT_LINK_LATENCY_US = 10.0
 
 _SIZE_UNITS = {

@@ -1,16 +1,30 @@
 """Replays a training-step trace through the LMS engine on a modelled GPU.
 
-Each op, in trace order, does what TensorFlow's executor does with LMS on:
-pin the inputs, allocate the outputs pinned, launch the kernel (host time)
-and run it (compute-stream time), unpin everything, and free the tensors whose
-last use this was. Persistent tensors (variables, optimizer slots) are
-allocated once before the first step; tensors no op produces (the input batch)
-are allocated at the start of each step, as the input pipeline's copy would.
+Each op, in trace order, does what TensorFlow's executor does with the patch's
+pin rules (tf/common/files/tensorflow/core/common_runtime/lms/kernel_pins.cc and
+framework/movable_tensor_buffer.cc):
+
+- the op's inputs are pinned for the kernel's duration; a variable is pinned
+  only while a kernel uses it (ReadVariableOp, the optimizer's update), so
+  variables and optimizer slots move between uses like any other tensor;
+- kernels that read no input bytes (Identity, Shape, ShapeN, ...) pin nothing;
+- outputs are created pinned for their creator, and that creation pin ends
+  when the creating kernel does: an output can be paged out before its first
+  consumer runs;
+- a dim-0 slice is a view of its root buffer, which stays in place (pinned)
+  from then on until it is freed;
+- the tensors whose last use this was are freed.
+
+Persistent tensors (variables, optimizer slots) are allocated once before the
+first step; tensors no op produces (the input batch) are allocated at the start
+of each step, as the input pipeline's copy would. Raw allocations (cuDNN
+workspaces, XLA) are not in traces and so not replayed (docs/planner.md).
 
 Timing comes from the engine's sim backend: every page-out, page-in and
 defragmentation move is a copy on a modelled stream, so stalls are the
-engine's own. Steps after the first are measured: prefetch learns the pin
-order of a step during the first one.
+engine's own. Steps after the first are measured. Prefetch is off by default,
+as inside the patched TensorFlow (which does not mark steps); when it is asked
+for, it learns the pin order during the first step.
 """
 
 from __future__ import annotations
@@ -25,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from tflms.planner.gpu import DEFAULT_LINK_LATENCY_US, GpuModel
 
 if TYPE_CHECKING:
-    from tflms.trace.format import Trace
+    from tflms.trace.format import OpInfo, TensorInfo, Trace
 
 ALIGNMENT = 256  # BFC rounds every allocation up to this
 
@@ -49,6 +63,8 @@ class StepPlan:
     # per op, (output, input): the output takes over the input's buffer in place
     forwards: list[tuple[tuple[int, int], ...]] = dataclasses.field(default_factory=list)
     sizes: dict[int, int] = dataclasses.field(default_factory=dict)
+    # per op, buffers a slice made unmovable there (held pinned until freed)
+    kept_in_place: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
 
     @property
     def compute_s(self) -> float:
@@ -69,18 +85,66 @@ FORWARDING_OPS = frozenset(
 )  # fmt: skip
 
 
+# Kernels that read no byte of their inputs: the patch's pin site pins nothing for them
+# (KernelReadsNoInputBytes in tf/common/files/.../lms/kernel_pins.cc; keep in step). Their
+# inputs stay alive until they run, as the executor keeps them, but a reclaimed input is
+# not paged back in for them.
+NO_PIN_OPS = frozenset(
+    {
+        "Identity", "IdentityN", "StopGradient", "PreventGradient", "Shape", "ShapeN", "Size",
+        "Rank", "Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "NextIteration",
+        "RefNextIteration", "LoopCond", "_Retval", "_DeviceRetval", "_Send", "_HostSend",
+        "PartitionedCall", "StatefulPartitionedCall", "While", "StatelessWhile",
+        "VarIsInitializedOp", "DestroyResourceOp", "VariableShape",
+    }
+)  # fmt: skip
+
+# Kernels that return a dim-0 slice of an input as a view (Tensor::Slice) when the slice
+# starts on an aligned row: the output shares the input's buffer, and the patch makes
+# that root buffer unmovable for the rest of its life (KeepRootInPlace).
+SLICING_OPS = frozenset({"Slice", "StridedSlice", "Split", "SplitV", "Unpack"})
+# Eigen's largest alignment (EIGEN_MAX_ALIGN_BYTES): a row of a multiple of this size
+# starts aligned wherever the slice begins, so the kernel takes the view path.
+SLICE_ALIGNMENT = 64
+
+
+def _slice_root(op: OpInfo, tensors: dict[int, TensorInfo], out: int) -> int | None:
+    """The input whose buffer `out` is a view of, when `op` slices along dimension 0."""
+    o = tensors[out]
+    if op.type not in SLICING_OPS or o.shape is None:
+        return None
+    for tid in op.inputs:
+        t = tensors[tid]
+        if t.shape is None or len(t.shape) == 0 or t.bytes <= o.bytes or t.dtype != o.dtype:
+            continue
+        if op.type == "Unpack":
+            same_rows = tuple(o.shape) == tuple(t.shape[1:])
+        else:
+            same_rows = len(o.shape) == len(t.shape) and tuple(o.shape[1:]) == tuple(t.shape[1:])
+        row_bytes = t.bytes // t.shape[0] if t.shape[0] else 0
+        if same_rows and row_bytes and row_bytes % SLICE_ALIGNMENT == 0:
+            return tid
+    return None
+
+
 def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan:
-    """Derives liveness, in-place forwarding and kernel times.
+    """Derives liveness, in-place forwarding, views, pins and kernel times.
 
     Tensors of 0 bytes take no memory and are skipped. With `forwarding`, an op of
     FORWARDING_OPS whose input dies at that op and has its output's size writes the
     output in place, as TensorFlow's kernels do: no allocation, one buffer fewer.
+    Ops of NO_PIN_OPS pin nothing; a dim-0 slice (SLICING_OPS) is a view of its root,
+    which lives as long as its views and is kept in place from then on.
     """
     sizes = {t.id: int(t.bytes) for t in trace.tensors}
+    infos = {t.id: t for t in trace.tensors}
     persistent_ids = {t.id for t in trace.tensors if t.persistent}
     producer = {tid: i for i, op in enumerate(trace.ops) for tid in op.outputs}
     produced: set[int] = set()
     last_use: dict[int, int] = {}
+    # view -> the tensor whose buffer it shares; root -> the op that first slices it
+    view_of: dict[int, int] = {}
+    kept_in_place_at: dict[int, int] = {}
     for i, op in enumerate(trace.ops):
         for tid in op.inputs:
             if tid not in sizes:
@@ -105,12 +169,21 @@ def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan
             produced.add(tid)
             last_use.setdefault(tid, i)
             last_use[tid] = max(last_use[tid], i)
+            root = _slice_root(op, infos, tid) if sizes[tid] > 0 else None
+            if root is not None:
+                root = view_of.get(root, root)
+                view_of[tid] = root
+                kept_in_place_at.setdefault(root, i)
+    # A root's buffer lives until its last view is done with it.
+    for view, root in view_of.items():
+        if root in last_use or root in persistent_ids:
+            last_use[root] = max(last_use.get(root, 0), last_use.get(view, 0))
 
     frees: list[list[int]] = [[] for _ in trace.ops]
     step_inputs: list[tuple[int, int]] = []
     free_at_start: list[int] = []
     for t in trace.tensors:
-        if t.persistent or sizes[t.id] <= 0:
+        if t.persistent or sizes[t.id] <= 0 or t.id in view_of:
             continue
         if t.id not in produced:
             step_inputs.append((t.id, sizes[t.id]))
@@ -123,9 +196,14 @@ def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan
     outputs: list[tuple[tuple[int, int], ...]] = []
     forwards: list[tuple[tuple[int, int], ...]] = []
     kernel_s: list[float] = []
+    roots = set(kept_in_place_at)
+    keep: list[list[int]] = [[] for _ in trace.ops]
+    for root, i in kept_in_place_at.items():
+        keep[i].append(root)
     for i, op in enumerate(trace.ops):
-        ins = tuple(dict.fromkeys(t for t in op.inputs if sizes[t] > 0))
-        outs = [t for t in op.outputs if sizes[t] > 0]
+        pins = () if op.type in NO_PIN_OPS else op.inputs
+        ins = tuple(dict.fromkeys(view_of.get(t, t) for t in pins if sizes[t] > 0))
+        outs = [t for t in op.outputs if sizes[t] > 0 and t not in view_of]
         fwd: list[tuple[int, int]] = []
         if forwarding and op.type in FORWARDING_OPS and outs:
             out = outs[0]
@@ -133,6 +211,7 @@ def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan
                 # Read once, by this op only: the buffer has no other reference.
                 if (
                     t not in persistent_ids
+                    and t not in roots
                     and last_use.get(t) == i
                     and sizes[t] == sizes[out]
                     and op.inputs.count(t) == 1
@@ -155,7 +234,8 @@ def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan
         names=[op.name for op in trace.ops],
         free_at_start=tuple(free_at_start),
         forwards=forwards,
-        sizes={t: b for t, b in sizes.items() if b > 0},
+        sizes={t: b for t, b in sizes.items() if b > 0 and t not in view_of},
+        kept_in_place=[tuple(k) for k in keep],
     )
 
 
@@ -205,6 +285,11 @@ def swap_bound_s(plan: StepPlan, device_memory: int, link_gbps: float) -> float:
     return bound
 
 
+# Prefetch exists in the engine but not yet inside TensorFlow: every figure with it is
+# labelled so.
+PREFETCH_LABEL = "prefetch (engine only)"
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs: the knobs `tflms simulate` exposes."""
@@ -213,7 +298,9 @@ class EngineConfig:
     host_memory: int
     link_gbps: float
     lms: bool = True
-    prefetch: bool = True
+    # Off by default, as in the patched TensorFlow: its adapter does not mark steps, so
+    # the engine never learns a step's pin order there (docs/how-it-works.md, Prefetch).
+    prefetch: bool = False
     defrag: bool = False
     prefetch_lookahead: int = 256
     prefetch_budget: int = 0
@@ -222,10 +309,15 @@ class EngineConfig:
     # front; with growth on, free space split across regions cannot coalesce.
     allow_growth: bool = False
 
+    @property
+    def as_patched_tf_runs(self) -> bool:
+        """True when the patched TensorFlow can run this configuration today."""
+        return not (self.lms and self.prefetch)
+
     def label(self) -> str:
         if not self.lms:
             return "no LMS"
-        parts = ["LMS", "prefetch" if self.prefetch else "on-demand"]
+        parts = ["LMS", PREFETCH_LABEL if self.prefetch else "on-demand"]
         if self.defrag:
             parts.append("defrag")
         return " + ".join(parts)
@@ -271,6 +363,7 @@ class ReplayResult:
         out: dict[str, Any] = {
             "config": dataclasses.asdict(self.config),
             "fits": self.fits,
+            "as_patched_tf_runs": self.config.as_patched_tf_runs,
         }
         if not self.fits:
             out["oom_message"] = self.oom_message
@@ -384,6 +477,7 @@ def _replay(
     eng = make_engine(config, gpu)
     launch_s = gpu.launch_overhead_us * 1e-6
     bufs: dict[int, Any] = {}
+    held: set[int] = set()  # tensors whose buffer a slice keeps in place (pinned)
     result = ReplayResult(config=config, fits=True)
     op_name = "(persistent tensors)"
     try:
@@ -409,6 +503,11 @@ def _replay(
                 pinned = [bufs[t] for t in ins]
                 for b in pinned:
                     eng.pin(b)
+                for tid in plan.kept_in_place[i] if plan.kept_in_place else ():
+                    # Unmovable from now on: an extra pin held until the buffer is freed.
+                    if tid in bufs and tid not in held:
+                        eng.pin(bufs[tid])
+                        held.add(tid)
                 for out, src in plan.forwards[i]:
                     bufs[out] = bufs.pop(src)
                 for tid, nbytes in plan.outputs[i]:
@@ -433,6 +532,9 @@ def _replay(
                 for b in pinned:
                     eng.unpin(b)
                 for tid in plan.frees[i]:
+                    if tid in held:
+                        held.discard(tid)
+                        eng.unpin(bufs[tid])
                     eng.free(bufs.pop(tid))
                 if on_op is not None:
                     on_op()

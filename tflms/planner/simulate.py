@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tflms.planner.gpu import GpuModel
+from tflms.planner.host import HostSide
+from tflms.planner.machines import Pairing, get_pairing, real_pairing
 from tflms.planner.replay import (
     EngineConfig,
     ReplayResult,
@@ -33,6 +35,9 @@ SIZE_STEP = 16
 class Machine:
     """A modelled GPU on a host link, with a host memory limit for reclaimed bytes.
 
+    host_memory: the bytes LMS may fill on the host for this GPU (host_side.lms_bytes
+    when the host side is modelled). pairing: the real machine this is (machines.py),
+    None for a what-if; what_if: what was changed from a real machine, in words.
     prefetch_lookahead / prefetch_budget: the engine's prefetch knobs (0 budget: the
     engine's default of 1/8 of the GPU memory).
     """
@@ -43,10 +48,31 @@ class Machine:
     host_memory: int
     prefetch_lookahead: int = 256
     prefetch_budget: int = 0
+    host_side: HostSide | None = None
+    pairing: str | None = None
+    what_if: tuple[str, ...] = ()
+
+    @classmethod
+    def from_pairing(cls, pairing: Pairing, host: HostSide | None = None) -> Machine:
+        side = host if host is not None else pairing.host()
+        return cls(
+            pairing.gpu_model,
+            pairing.link,
+            pairing.link_gbps,
+            side.lms_bytes,
+            host_side=side,
+            pairing=pairing.name,
+        )
+
+    @property
+    def hypothetical(self) -> bool:
+        return self.pairing is None or bool(self.what_if)
 
     def config(
-        self, *, lms: bool = True, prefetch: bool = True, defrag: bool = False
+        self, *, lms: bool = True, prefetch: bool = False, defrag: bool = False
     ) -> EngineConfig:
+        # Prefetch is off by default: the patched TensorFlow does not mark steps, so
+        # the engine inside it never learns a step's order (docs/how-it-works.md).
         return EngineConfig(
             device_memory=self.gpu.memory_bytes,
             host_memory=self.host_memory,
@@ -59,11 +85,20 @@ class Machine:
         )
 
     def on_link(self, link_name: str, link_gbps: float) -> Machine:
-        return dataclasses.replace(self, link_name=link_name, link_gbps=link_gbps)
+        pairing = real_pairing(self.gpu.name, link_name)
+        return dataclasses.replace(
+            self,
+            link_name=link_name,
+            link_gbps=link_gbps,
+            pairing=pairing.name if pairing else None,
+        )
+
+    def with_host(self, host: HostSide) -> Machine:
+        return dataclasses.replace(self, host_side=host, host_memory=host.lms_bytes)
 
     def to_json(self) -> dict[str, Any]:
         g = self.gpu
-        return {
+        out: dict[str, Any] = {
             "gpu": g.name,
             "memory_bytes": g.memory_bytes,
             "effective_tflops": g.flops_per_s / 1e12,
@@ -72,7 +107,15 @@ class Machine:
             "link": self.link_name,
             "link_gbps": self.link_gbps,
             "host_memory_bytes": self.host_memory,
+            "pairing": self.pairing,
+            "hypothetical": self.hypothetical,
+            "what_if": list(self.what_if),
         }
+        if self.pairing is not None:
+            out["description"] = get_pairing(self.pairing).description
+        if self.host_side is not None:
+            out["host"] = self.host_side.to_json()
+        return out
 
 
 class NullBar:
@@ -132,7 +175,7 @@ def simulate_step(
     machine: Machine,
     *,
     steps: int = 2,
-    prefetch: bool = True,
+    prefetch: bool = False,
     defrag: bool = False,
     compare: bool = True,
     record: bool = False,
@@ -140,13 +183,14 @@ def simulate_step(
 ) -> tuple[dict[str, Any], ReplayResult | None]:
     """Fit and step time at the trace's batch. Returns the report and the recorded LMS replay.
 
-    compare: also replay the other LMS variants (on-demand paging, prefetch,
-    prefetch + defragmentation) so the report shows what each buys.
+    compare: also replay the other LMS variants (on-demand paging as the patched
+    TensorFlow runs, with defragmentation, and the engine's prefetch, which TensorFlow
+    does not enable yet) so the report shows what each buys.
     """
     plan = build_plan(trace, machine.gpu)
     variants = [(prefetch, defrag)]
     if compare:
-        for v in ((False, False), (True, False), (True, True)):
+        for v in ((False, False), (False, True), (True, False)):
             if v not in variants:
                 variants.append(v)
     bar = progress_bar(
@@ -202,9 +246,24 @@ def simulate_step(
 def _fits(
     plan: StepPlan, machine: Machine, lms: bool, prefetch: bool, defrag: bool, steps: int
 ) -> bool:
+    return _attempt(plan, machine, lms, prefetch, defrag, steps).fits
+
+
+def _attempt(
+    plan: StepPlan, machine: Machine, lms: bool, prefetch: bool, defrag: bool, steps: int
+) -> ReplayResult:
     return replay(
         plan, machine.gpu, machine.config(lms=lms, prefetch=prefetch, defrag=defrag), steps=steps
-    ).fits
+    )
+
+
+# The engine's message when the host pool, not the device, refused a page-out.
+HOST_POOL_FULL = "host memory pool is full"
+
+
+def limit_of(oom_message: str) -> str:
+    """'host' when an out-of-memory error came from the pinned host pool, else 'gpu'."""
+    return "host" if HOST_POOL_FULL in oom_message or "TF_GPU_HOST_MEM" in oom_message else "gpu"
 
 
 def search_monotone(probes: list[list[Any]]) -> bool:
@@ -225,16 +284,20 @@ def max_batch(
     trace: Trace,
     machine: Machine,
     *,
-    prefetch: bool = True,
+    prefetch: bool = False,
     defrag: bool = False,
     steps: int = 2,
     limit: int = 1 << 16,
     rel_tol: float = 0.0,
     progress: bool = False,
+    without_lms: int | None = None,
 ) -> dict[str, Any]:
     """Largest batch without LMS and with LMS (at machine.host_memory), by rescaling the trace.
 
     rel_tol: accept an answer within this fraction of the true largest (fewer replays).
+    without_lms: the largest batch without LMS when already known (it does not depend
+    on the host), so that only the LMS search runs.
+    `limited_by` says what stops the LMS batch: 'host' (the pinned pool is full) or 'gpu'.
     """
     if not any(t.batch_scaled for t in trace.tensors):
         raise ValueError(
@@ -263,7 +326,13 @@ def max_batch(
     host_bound = max(2, int((total - fixed) / per_sample) + 1)
 
     out: dict[str, Any] = {}
-    for key, lms in (("without_lms", False), ("with_lms", True)):
+    searches = (("without_lms", False), ("with_lms", True))
+    if without_lms is not None:
+        out["without_lms"] = without_lms
+        out["search"] = {"without_lms": {"largest": without_lms, "probes": [], "hit_limit": False}}
+        searches = (("with_lms", True),)
+    lms_failures: dict[int, str] = {}  # batch -> out-of-memory message, with LMS
+    for key, lms in searches:
         bar = progress_bar(f"max batch {'with' if lms else 'without'} LMS", None, progress, "probe")
 
         def on_probe(n: int, ok: bool, bar: Any = bar) -> None:
@@ -271,7 +340,10 @@ def max_batch(
             bar.set_postfix_str(f"batch {n}: {'fits' if ok else 'OOM'}")
 
         def fits(n: int, lms: bool = lms) -> bool:
-            return _fits(plan_for(n), machine, lms, prefetch, defrag, steps)
+            r = _attempt(plan_for(n), machine, lms, prefetch, defrag, steps)
+            if lms and not r.fits:
+                lms_failures[n] = r.oom_message
+            return r.fits
 
         known = out["without_lms"] if lms else 0
         fail: int | None = None
@@ -297,6 +369,12 @@ def max_batch(
     out["monotone"] = all(
         search_monotone(out["search"][k]["probes"]) for k in ("without_lms", "with_lms")
     )
+    # The smallest batch seen to fail says what stopped the search. A bound that was never
+    # probed is the capacity bound: device and host together cannot hold the step.
+    first_fail = min((n for n in lms_failures if n > out["with_lms"]), default=None)
+    out["limited_by"] = limit_of(lms_failures[first_fail]) if first_fail else "host"
+    if out["search"]["with_lms"]["hit_limit"]:
+        out["limited_by"] = "search limit"
     out["host_memory_bytes"] = machine.host_memory
     out["lms_config"] = machine.config(prefetch=prefetch, defrag=defrag).label()
     out["rel_tol"] = rel_tol
@@ -308,7 +386,7 @@ def max_size(
     machine: Machine,
     *,
     start_size: int,
-    prefetch: bool = True,
+    prefetch: bool = False,
     defrag: bool = False,
     steps: int = 2,
     limit_size: int = 1024,
@@ -319,15 +397,20 @@ def max_size(
     trace_at(size) traces the model at that input size (at the trace's batch).
     """
 
+    out: dict[str, Any] = {"step": SIZE_STEP}
+    start_k = max(1, start_size // SIZE_STEP)
+    lms_failures: dict[int, str] = {}  # size step -> out-of-memory message, with LMS
+
     def fits_at(lms: bool) -> Callable[[int], bool]:
         def fits(k: int) -> bool:
             plan = build_plan(trace_at(k * SIZE_STEP), machine.gpu)
-            return _fits(plan, machine, lms, prefetch, defrag, steps)
+            r = _attempt(plan, machine, lms, prefetch, defrag, steps)
+            if lms and not r.fits:
+                lms_failures[k] = r.oom_message
+            return r.fits
 
         return fits
 
-    out: dict[str, Any] = {"step": SIZE_STEP}
-    start_k = max(1, start_size // SIZE_STEP)
     for key, lms in (("without_lms", False), ("with_lms", True)):
         bar = progress_bar(f"max size {'with' if lms else 'without'} LMS", None, progress, "probe")
 
@@ -352,6 +435,8 @@ def max_size(
         out.setdefault("search", {})[key] = s
     w, m = out["without_lms"], out["with_lms"]
     out["voxel_ratio"] = (m / w) ** 3 if w else None
+    first_fail = min((k for k in lms_failures if k * SIZE_STEP > m), default=None)
+    out["limited_by"] = limit_of(lms_failures[first_fail]) if first_fail else "search limit"
     out["host_memory_bytes"] = machine.host_memory
     return out
 
@@ -360,14 +445,21 @@ def overhead_points(
     trace: Trace,
     machine: Machine,
     batches: Sequence[int],
-    links: Sequence[tuple[str, float]],
+    links: Sequence[tuple[str, float]] = (),
     *,
+    machines: Sequence[Machine] = (),
     steps: int = 2,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """Step-time overhead of LMS (on-demand and prefetch) at each batch on each link."""
+    """Step-time overhead of LMS at each batch on each machine (same GPU, other links).
+
+    machines: the machines to compare (real pairings); links: what-if links for
+    `machine` instead. Each gets an on-demand row (as the patched TensorFlow runs) and a
+    row with the engine's prefetch (not enabled inside TensorFlow yet).
+    """
+    targets = list(machines) or [machine.on_link(n, g) for n, g in links] or [machine]
     rows: list[dict[str, Any]] = []
-    total = len(batches) * (1 + 2 * len(links))
+    total = len(batches) * (1 + 2 * len(targets))
     bar = progress_bar("overhead", total, progress, "replay")
     try:
         for batch in batches:
@@ -375,17 +467,19 @@ def overhead_points(
             plan = build_plan(t, machine.gpu)
             unlimited = replay_unlimited(plan, machine.gpu, machine.link_gbps, steps=steps)
             bar.update(1)
-            for link_name, gbps in links:
-                m = machine.on_link(link_name, gbps)
+            for m in targets:
                 for prefetch in (False, True):
-                    bar.set_postfix_str(f"batch {batch} {link_name} prefetch={prefetch}")
+                    bar.set_postfix_str(f"batch {batch} {m.link_name} prefetch={prefetch}")
                     r = replay(plan, m.gpu, m.config(prefetch=prefetch), steps=steps)
                     bar.update(1)
                     row = lms_json(r, unlimited.step_time_s, plan)
                     row.update(
                         batch_size=batch,
-                        link=link_name,
-                        link_gbps=gbps,
+                        link=m.link_name,
+                        link_gbps=m.link_gbps,
+                        machine=m.pairing or f"{m.gpu.name} on {m.link_name} (what-if)",
+                        hypothetical=m.hypothetical,
+                        host_memory_bytes=m.host_memory,
                         prefetch=prefetch,
                         unlimited_step_time_s=unlimited.step_time_s,
                     )

@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tflms.planner.gpu import CALIBRATION, GIB, LINKS, GpuModel, get_gpu
+from tflms.planner.gpu import CALIBRATION, LINKS, GpuModel, get_gpu
+from tflms.planner.machines import get_pairing
 from tflms.planner.replay import build_plan, replay_unlimited
 from tflms.planner.simulate import (
     SIZE_STEP,
@@ -24,8 +25,10 @@ if TYPE_CHECKING:
 DEMO_MODEL = "ResNet50"
 DEMO_BATCH = 32
 DEMO_GPU = "v100-16gb"
-DEMO_HOST_MEMORY = 128 * GIB  # TensorFlow's default TF_GPU_HOST_MEM_LIMIT_IN_MB
-OVERHEAD_LINKS = ("pcie4", "pcie5")
+# The machines that really pair a 16 GB V100 with a host link: PCIe 3 and NVLink 2.
+DEMO_PAIRINGS = ("dgx1-v100", "ac922-v100")
+# What-if host sizes the reports try when the host side stops the batch.
+HOST_FACTOR = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +47,33 @@ RESULT_MODELS = (
     StudyModel("UNet3D", 1, input_size=64, searches_size=True),
 )
 
-# (GPU model, host memory limit): TensorFlow's default host limit of 128 GiB for both.
-RESULT_MACHINES = (("v100-16gb", 128 * GIB), ("a100-80gb", 128 * GIB))
+
+@dataclasses.dataclass(frozen=True)
+class StudyGpu:
+    """A GPU and the real machines that carry it (machines.py): one search per host size."""
+
+    name: str
+    pairings: tuple[str, ...]
+    models: tuple[str, ...] | None = None  # None: every model of RESULT_MODELS
+
+
+# Every modelled pairing. Beyond the 16 GB V100, ResNet50 and the 3D U-Net only: the
+# larger GPUs' searches replay batches of thousands, and two models show the trend.
+RESULT_MACHINES = (
+    StudyGpu("v100-16gb", ("dgx1-v100", "ac922-v100")),
+    StudyGpu("a100-40gb", ("dgx-a100-40gb",), ("ResNet50", "UNet3D")),
+    StudyGpu("a100-80gb", ("dgx-a100-80gb",), ("ResNet50", "UNet3D")),
+    StudyGpu("h100-80gb", ("dgx-h100",), ("ResNet50", "UNet3D")),
+    StudyGpu("gh200-96gb", ("gh200",), ("ResNet50", "UNet3D")),
+)
 BATCH_MULTIPLES = (2, 4, 6)
 
 
-def links(names: tuple[str, ...] = OVERHEAD_LINKS) -> list[tuple[str, float]]:
+def pairing_machines(names: tuple[str, ...]) -> list[Machine]:
+    return [Machine.from_pairing(get_pairing(n)) for n in names]
+
+
+def links(names: tuple[str, ...]) -> list[tuple[str, float]]:
     return [(n, LINKS[n]) for n in names]
 
 
@@ -59,108 +83,191 @@ def get_trace(model: str, batch: int, input_size: int | None = None) -> Trace:
     return cached_trace(model, batch, input_size=input_size)
 
 
+def max_batch_per_machine(
+    trace: Trace,
+    machines: list[Machine],
+    *,
+    steps: int,
+    progress: bool,
+    rel_tol: float = 0.01,
+    host_factor: float | None = HOST_FACTOR,
+) -> dict[str, dict[str, Any]]:
+    """Largest batch on each machine (same GPU), searched once per distinct host size.
+
+    Where the host side stops the batch, also the largest batch with `host_factor`
+    times that host side (the limit raised, or more RAM): what raising it would give.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    by_host: dict[int, dict[str, Any]] = {}
+    without: int | None = None
+    for m in machines:
+        if m.host_memory not in by_host:
+            mb = max_batch(
+                trace, m, steps=steps, rel_tol=rel_tol, progress=progress, without_lms=without
+            )
+            without = mb["without_lms"]
+            if host_factor and mb["limited_by"] == "host" and m.host_side is not None:
+                bigger = m.with_host(m.host_side.scaled(host_factor))
+                more = max_batch(
+                    trace, bigger, steps=steps, rel_tol=rel_tol, progress=progress,
+                    without_lms=without,
+                )  # fmt: skip
+                mb["more_host"] = {
+                    "factor": host_factor,
+                    "host_memory_bytes": bigger.host_memory,
+                    "host": bigger.host_side.to_json() if bigger.host_side else None,
+                    "with_lms": more["with_lms"],
+                    "limited_by": more["limited_by"],
+                }
+            by_host[m.host_memory] = mb
+        out[m.pairing or m.link_name] = dict(by_host[m.host_memory])
+    return out
+
+
 def run_demo(base_batch: int = DEMO_BATCH, progress: bool = True, steps: int = 2) -> dict[str, Any]:
-    """ResNet50 on a modelled 16 GiB GPU: largest batch without and with LMS, overhead at 4x."""
+    """ResNet50 on the 16 GB V100's real machines: largest batch without and with LMS,
+    what stops it, and the overhead at 4x the batch without LMS."""
     start = time.monotonic()
     trace = get_trace(DEMO_MODEL, base_batch)
-    machine = Machine(get_gpu(DEMO_GPU), "pcie4", LINKS["pcie4"], DEMO_HOST_MEMORY)
-    mb = max_batch(trace, machine, steps=steps, rel_tol=0.01, progress=progress)
-    batches = sorted({min(m * mb["without_lms"], mb["with_lms"]) for m in (4,)} - {0})
-    rows = overhead_points(trace, machine, batches, links(), steps=steps, progress=progress)
+    machines = pairing_machines(DEMO_PAIRINGS)
+    per_machine = max_batch_per_machine(trace, machines, steps=steps, progress=progress)
+    without = next(iter(per_machine.values()))["without_lms"]
+    smallest = min(mb["with_lms"] for mb in per_machine.values())
+    batches = sorted({min(4 * without, smallest)} - {0})
+    rows = overhead_points(
+        trace, machines[0], batches, machines=machines, steps=steps, progress=progress
+    )
     return {
         "model": DEMO_MODEL,
         "trace": trace_json(trace),
-        "machine": machine.to_json(),
-        "max_batch": mb,
+        "machines": [m.to_json() for m in machines],
+        "max_batch": per_machine,
         "overhead": rows,
         "wall_s": time.monotonic() - start,
     }
 
 
 def study_batch_model(
-    sm: StudyModel, machine: Machine, progress: bool, steps: int
-) -> dict[str, Any]:
+    sm: StudyModel, machines: list[Machine], progress: bool, steps: int
+) -> list[dict[str, Any]]:
     trace = get_trace(sm.name, sm.base_batch, sm.input_size)
-    mb = max_batch(trace, machine, steps=steps, rel_tol=0.01, progress=progress)
-    batches = [
-        m * mb["without_lms"] for m in BATCH_MULTIPLES if m * mb["without_lms"] <= mb["with_lms"]
-    ]
-    batches = [b for b in batches if b > 0]
-    if not batches and mb["with_lms"] > mb["without_lms"] > 0:
-        batches = [mb["with_lms"]]  # not even 2x fits: measure the largest that does
-    rows = overhead_points(trace, machine, batches, links(), steps=steps, progress=progress)
-    return {"trace": trace_json(trace), "max_batch": mb, "overhead": rows}
+    per_machine = max_batch_per_machine(trace, machines, steps=steps, progress=progress)
+    studies = []
+    for m in machines:
+        mb = per_machine[m.pairing or m.link_name]
+        batches = [
+            k * mb["without_lms"]
+            for k in BATCH_MULTIPLES
+            if k * mb["without_lms"] <= mb["with_lms"]
+        ]
+        batches = [b for b in batches if b > 0]
+        if not batches and mb["with_lms"] > mb["without_lms"] > 0:
+            batches = [mb["with_lms"]]  # not even 2x fits: measure the largest that does
+        rows = overhead_points(trace, m, batches, machines=[m], steps=steps, progress=progress)
+        studies.append(
+            {"trace": trace_json(trace), "max_batch": mb, "overhead": rows, "machine": m.to_json()}
+        )
+    return studies
 
 
 def study_size_model(
-    sm: StudyModel, machine: Machine, progress: bool, steps: int
-) -> dict[str, Any]:
+    sm: StudyModel, machines: list[Machine], progress: bool, steps: int
+) -> list[dict[str, Any]]:
     def trace_at(size: int) -> Trace:
         return get_trace(sm.name, sm.base_batch, size)
 
-    ms = max_size(
-        trace_at,
-        machine,
-        start_size=sm.input_size or 4 * SIZE_STEP,
-        steps=steps,
-        progress=progress,
-    )
-    rows: list[dict[str, Any]] = []
-    if ms["with_lms"] > ms["without_lms"] > 0:
-        rows = overhead_points(
-            trace_at(ms["with_lms"]),
-            machine,
-            [sm.base_batch],
-            links(),
-            steps=steps,
-            progress=progress,
-        )
-        for r in rows:
-            r["input_size"] = ms["with_lms"]
-    return {"max_size": ms, "overhead": rows}
+    by_host: dict[int, dict[str, Any]] = {}
+    studies = []
+    for m in machines:
+        if m.host_memory not in by_host:
+            by_host[m.host_memory] = max_size(
+                trace_at,
+                m,
+                start_size=sm.input_size or 4 * SIZE_STEP,
+                steps=steps,
+                progress=progress,
+            )
+        ms = dict(by_host[m.host_memory])
+        rows: list[dict[str, Any]] = []
+        if ms["with_lms"] > ms["without_lms"] > 0:
+            rows = overhead_points(
+                trace_at(ms["with_lms"]),
+                m,
+                [sm.base_batch],
+                machines=[m],
+                steps=steps,
+                progress=progress,
+            )
+            for r in rows:
+                r["input_size"] = ms["with_lms"]
+        studies.append({"max_size": ms, "overhead": rows, "machine": m.to_json()})
+    return studies
+
+
+def study_key(s: dict[str, Any]) -> tuple[str, str]:
+    return s["model"], s["machine"].get("pairing") or s["machine"]["gpu"]
 
 
 def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """`old` with the studies of `new` replacing those of the same model and GPU."""
-    fresh = {(s["model"], s["machine"]["gpu"]) for s in new["studies"]}
-    kept = [s for s in old.get("studies", []) if (s["model"], s["machine"]["gpu"]) not in fresh]
-    gpu_order = {g: i for i, (g, _) in enumerate(RESULT_MACHINES)}
+    """`old` with the studies of `new` replacing those of the same model and machine."""
+    fresh = {study_key(s) for s in new["studies"]}
+    kept = [s for s in old.get("studies", []) if study_key(s) not in fresh]
+    machine_order = {p: i for i, g in enumerate(RESULT_MACHINES) for p in g.pairings}
     model_order = {m.name: i for i, m in enumerate(RESULT_MODELS)}
 
     def key(s: dict[str, Any]) -> tuple[int, int]:
-        return gpu_order.get(s["machine"]["gpu"], 99), model_order.get(s["model"], 99)
+        return machine_order.get(study_key(s)[1], 99), model_order.get(s["model"], 99)
 
     studies = sorted(kept + new["studies"], key=key)
-    return {**new, "studies": studies, "wall_s": old.get("wall_s", 0.0) + new["wall_s"]}
+    merged = {**new, "studies": studies, "wall_s": old.get("wall_s", 0.0) + new["wall_s"]}
+    if "paper" not in new and "paper" in old:
+        merged["paper"] = old["paper"]
+    return merged
 
 
 def run_results(
     models: tuple[StudyModel, ...] = RESULT_MODELS,
-    machines: tuple[tuple[str, int], ...] = RESULT_MACHINES,
+    machines: tuple[StudyGpu, ...] = RESULT_MACHINES,
     progress: bool = True,
     steps: int = 2,
     log: Callable[[str], None] = print,
     on_study: Callable[[dict[str, Any]], None] | None = None,
+    paper: bool = True,
 ) -> dict[str, Any]:
-    """Every model on every machine. on_study(results so far) runs after each study."""
+    """Every model on every machine, then the TFLMS papers' rows.
+
+    on_study(results so far) runs after each study.
+    """
+    from tflms.planner.paper import run_paper_comparison
+
     start = time.monotonic()
     out: dict[str, Any] = {"studies": [], "calibration": run_calibration()}
-    for gpu_name, host in machines:
-        machine = Machine(get_gpu(gpu_name), "pcie4", LINKS["pcie4"], host)
+    for group in machines:
+        targets = pairing_machines(group.pairings)
         for sm in models:
+            if group.models is not None and sm.name not in group.models:
+                continue
             t0 = time.monotonic()
-            log(f"{sm.name} on {gpu_name} ...")
-            study = (
-                study_size_model(sm, machine, progress, steps)
+            log(f"{sm.name} on {', '.join(group.pairings)} ...")
+            studies = (
+                study_size_model(sm, targets, progress, steps)
                 if sm.searches_size
-                else study_batch_model(sm, machine, progress, steps)
+                else study_batch_model(sm, targets, progress, steps)
             )
-            study.update(model=sm.name, machine=machine.to_json(), wall_s=time.monotonic() - t0)
-            out["studies"].append(study)
+            for study in studies:
+                study.update(model=sm.name, wall_s=(time.monotonic() - t0) / len(studies))
+                out["studies"].append(study)
             out["wall_s"] = time.monotonic() - start
-            log(f"{sm.name} on {gpu_name}: {time.monotonic() - t0:.0f} s")
+            log(f"{sm.name} on {', '.join(group.pairings)}: {time.monotonic() - t0:.0f} s")
             if on_study is not None:
                 on_study(out)
+    if paper:
+        t0 = time.monotonic()
+        log("the TFLMS papers' rows ...")
+        out["paper"] = run_paper_comparison(
+            get_trace, steps=steps, progress=progress, studies=out["studies"]
+        )
+        log(f"the TFLMS papers' rows: {time.monotonic() - t0:.0f} s")
     out["wall_s"] = time.monotonic() - start
     return out
 

@@ -1,0 +1,151 @@
+"""Real GPU/link pairings, the host side as TensorFlow sizes it, and what stops the batch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_planner import GPU, MIB, chain_trace, run_cli
+from tflms.planner.cli import machine_from_args
+from tflms.planner.gpu import GIB, GPUS, LINKS
+from tflms.planner.host import HOST_LIMIT, HOST_RAM, HostSide, fixed_host
+from tflms.planner.machines import PAIRINGS, get_pairing, real_pairing
+from tflms.planner.replay import build_plan, peak_live_bytes
+from tflms.planner.report import format_max_batch
+from tflms.planner.simulate import Machine, max_batch
+from tflms.planner.study import max_batch_per_machine
+from tflms.trace.format import save_trace
+
+# ------------------------------------------------------------------ pairings
+
+
+def test_every_pairing_is_a_gpu_on_the_link_it_ships_with() -> None:
+    for p in PAIRINGS.values():
+        assert p.gpu in GPUS and p.link in LINKS
+        assert p.ram_bytes > 0 and p.gpus >= 1
+    # A V100 never met PCIe 4 or 5; an H100 SXM5 in a DGX sits on PCIe 5.
+    v100 = {p.link for p in PAIRINGS.values() if p.gpu.startswith("v100")}
+    assert v100 == {"pcie3", "nvlink2-power9"}
+    assert real_pairing("v100-16gb", "pcie4") is None
+    assert real_pairing("h100-80gb", "pcie5") is get_pairing("dgx-h100")
+    assert get_pairing("gh200").link_gbps == LINKS["c2c"]
+
+
+def args(**kw: object) -> argparse.Namespace:
+    base: dict[str, object] = dict(
+        machine=None, gpu=None, link=None, memory=None, tflops=None, host_limit=None,
+        host_ram=None, gpus_per_process=1,
+    )  # fmt: skip
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_flags_pick_a_real_machine_or_say_it_is_a_what_if() -> None:
+    default = machine_from_args(args())
+    assert default.pairing == "dgx1-v100" and not default.hypothetical
+    assert default.link_name == "pcie3"
+    # --gpu alone takes the link of the machine that has it.
+    a100 = machine_from_args(args(gpu="a100-80gb"))
+    assert a100.pairing == "dgx-a100-80gb" and a100.link_name == "pcie4"
+    # A link that pairs with the GPU in a real machine selects that machine.
+    power = machine_from_args(args(gpu="v100-16gb", link="nvlink2-power9"))
+    assert power.pairing == "ac922-v100" and not power.hypothetical
+    # A V100 on PCIe 5 never existed: the figures are hypothetical, and say why.
+    what_if = machine_from_args(args(gpu="v100-16gb", link="pcie5"))
+    assert what_if.hypothetical and "pcie5" in what_if.what_if[0]
+    assert machine_from_args(args(memory="24GiB")).hypothetical
+    assert machine_from_args(args(machine="ac922-v100", tflops=30.0)).hypothetical
+    # The host limit is a real knob, not a what-if.
+    tuned = machine_from_args(args(machine="gh200", host_limit="256GiB"))
+    assert not tuned.hypothetical and tuned.host_memory == 256 * GIB
+    with pytest.raises(ValueError, match="not both"):
+        machine_from_args(args(machine="gh200", gpu="v100-16gb"))
+    with pytest.raises(ValueError, match="dgx1-v100"):
+        machine_from_args(args(machine="dgx2"))
+
+
+# ------------------------------------------------------------------ the host side
+
+
+def test_host_limit_is_tensorflows_default_unless_set_and_shared_per_process() -> None:
+    big = HostSide(ram_bytes=4096 * GIB, gpus=8)
+    assert big.pool_limit_bytes == (1 << 17) * MIB == 128 * GIB
+    assert big.lms_bytes == 128 * GIB and big.bound_by == HOST_LIMIT
+    # gpu_host_mem_limit_in_mb / TF_GPU_HOST_MEM_LIMIT_IN_MB replaces the default.
+    assert big.with_limit_mb(1 << 18).lms_bytes == 256 * GIB
+    # One process driving all 8 GPUs: one pool, shared.
+    shared = HostSide(ram_bytes=4096 * GIB, gpus=8, gpus_per_process=8)
+    assert shared.lms_bytes == 16 * GIB
+    # Little RAM: what is left after the process's own needs binds, not the limit.
+    small = HostSide(ram_bytes=512 * GIB, gpus=8)
+    assert small.bound_by == HOST_RAM
+    assert small.lms_bytes == 64 * GIB - small.reserve_bytes
+    # Twice the host side doubles what binds (RAM here; the limit for `big`).
+    assert small.scaled(2).lms_bytes == 2 * small.lms_bytes
+    assert small.scaled(2).bound_by == HOST_RAM
+    assert big.scaled(2).lms_bytes == 256 * GIB and big.scaled(2).bound_by == HOST_LIMIT
+    assert fixed_host(3 * GIB).lms_bytes == 3 * GIB
+
+
+def test_pairings_get_their_host_side_from_ram_and_tensorflows_limit() -> None:
+    dgx1 = Machine.from_pairing(get_pairing("dgx1-v100"))
+    assert dgx1.host_side is not None
+    # 512 GiB over 8 GPU processes, less 16 GiB each: below the 128 GiB limit.
+    assert dgx1.host_memory == 48 * GIB and dgx1.host_side.bound_by == HOST_RAM
+    gh200 = Machine.from_pairing(get_pairing("gh200"))
+    assert gh200.host_memory == 128 * GIB  # 480 GB of RAM: TensorFlow's limit binds
+    assert gh200.host_side is not None and gh200.host_side.bound_by == HOST_LIMIT
+
+
+# ------------------------------------------------------------------ what stops the batch
+
+
+def small_machine(host: int) -> Machine:
+    trace = chain_trace(layers=8, batch=4)
+    memory = peak_live_bytes(build_plan(trace, GPU))
+    return Machine(GPU.with_memory(memory), "pcie3", 12.0, host, host_side=fixed_host(host))
+
+
+def test_max_batch_says_when_the_host_stops_it_and_what_more_host_gives() -> None:
+    trace = chain_trace(layers=8, batch=4)
+    m = small_machine(16 * MIB)
+    mb = max_batch(trace, m)
+    assert mb["limited_by"] == "host"
+    # With twice the host memory LMS goes further, and the report says both.
+    per = max_batch_per_machine(trace, [m], steps=2, progress=False, rel_tol=0.0)
+    more = next(iter(per.values()))["more_host"]
+    assert more["host_memory_bytes"] == 32 * MIB
+    assert more["with_lms"] > mb["with_lms"]
+    text = format_max_batch(next(iter(per.values())))
+    assert "HOST side, not the GPU" in text and f"would be {more['with_lms']}" in text
+
+
+def test_max_batch_says_when_the_gpu_stops_it() -> None:
+    # One op's working set outgrows the GPU long before 4 GiB of host fill up.
+    trace = chain_trace(layers=2, batch=4)
+    m = small_machine(4 * GIB)
+    mb = max_batch(trace, m)
+    assert mb["with_lms"] > mb["without_lms"]
+    assert mb["limited_by"] == "gpu"
+    assert "the GPU" in format_max_batch(mb)
+
+
+def test_simulate_cli_reports_the_host_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = save_trace(chain_trace(), tmp_path / "chain.json")
+    rc = run_cli(
+        "simulate", str(path), "--machine", "ac922-v100", "--json", "--no-compare",
+        "--no-progress",
+    )  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    m = out["machine"]
+    assert m["pairing"] == "ac922-v100" and m["hypothetical"] is False
+    assert m["link"] == "nvlink2-power9"
+    # 512 GiB over 4 processes less 16 GiB each = 112 GiB, under the 128 GiB limit.
+    assert m["host"]["lms_bytes"] == m["host_memory_bytes"] == 112 * GIB
+    assert m["host"]["bound_by"] == HOST_RAM
