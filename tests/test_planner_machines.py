@@ -17,7 +17,7 @@ from tflms.planner.replay import build_plan, peak_live_bytes
 from tflms.planner.report import format_max_batch
 from tflms.planner.simulate import Machine, max_batch
 from tflms.planner.study import max_batch_per_machine
-from tflms.trace.format import save_trace
+from tflms.trace.format import Trace, save_trace
 
 # ------------------------------------------------------------------ pairings
 
@@ -149,3 +149,33 @@ def test_simulate_cli_reports_the_host_side(
     # 512 GiB over 4 processes less 16 GiB each = 112 GiB, under the 128 GiB limit.
     assert m["host"]["lms_bytes"] == m["host_memory_bytes"] == 112 * GIB
     assert m["host"]["bound_by"] == HOST_RAM
+
+
+# ------------------------------------------------------------------ the papers' rows
+
+
+def test_paper_rows_get_the_planners_gain_and_step_cost() -> None:
+    from tflms.planner.paper import PAPER_ROWS, run_paper_comparison
+    from tflms.planner.report import paper_markdown
+
+    def get_trace(model: str, batch: int, size: int | None) -> Trace:
+        # Stand-ins: a chain whose activations grow with the batch, or with the cube edge.
+        edge = size or 16
+        return chain_trace(layers=6, batch=batch, act_per_sample=edge**3 * 64)
+
+    m = small_machine(64 * MIB)
+    paper = run_paper_comparison(get_trace, machine=m)
+    rows = paper["rows"]
+    assert [r["published"] for r in rows] == [r.published for r in PAPER_ROWS]
+    resnet = rows[0]
+    assert resnet["planner_gain"] == paper["resnet50"]["ratio"]
+    # The published 4.9x applied to the planner's own largest batch without LMS.
+    base = paper["resnet50"]["without_lms"]
+    assert resnet["at_published_gain"]["batch"] == round(4.9 * base)
+    if resnet["at_published_gain"]["fits"]:
+        od = resnet["at_published_gain"]["on_demand"]
+        assert od["fits"] and od["as_patched_tf_runs"] and od["overhead"] >= 0
+    unet = rows[2]
+    assert unet["planner_gain"] == paper["unet3d"]["voxel_ratio"]
+    md = "\n".join(paper_markdown(paper))
+    assert "## Against the TFLMS papers" in md and "4.9x batch" in md and "192^3" in md

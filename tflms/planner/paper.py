@@ -80,17 +80,18 @@ def run_paper_comparison(
     steps: int = 2,
     progress: bool = False,
     studies: list[dict[str, Any]] | None = None,
+    machine: Machine | None = None,
 ) -> dict[str, Any]:
     """Each published row with the planner's figure on the paper's machine.
 
     studies: results already computed (`tflms results`) whose searches are reused.
+    machine: another machine than the AC922 (tests).
     """
-    pairing = get_pairing(PAPER_PAIRING)
-    machine = Machine.from_pairing(pairing)
+    machine = machine or Machine.from_pairing(get_pairing(PAPER_PAIRING))
     known = {
         s["model"]: s
         for s in studies or []
-        if s["machine"].get("pairing") == PAPER_PAIRING and not s["machine"].get("what_if")
+        if s["machine"].get("pairing") == machine.pairing and not s["machine"].get("what_if")
     }
     resnet = known.get("ResNet50", {}).get("max_batch")
     if resnet is None:
