@@ -82,10 +82,10 @@ verify-nightly: install ## Early warning: the newest tag's patch against today's
 bench: install ## Engine vs TensorFlow's own BFCAllocator, side by side
 	$(PY) bench/run_bench.py
 
-demo: install ## The main job: ResNet50 on a modelled 16 GiB GPU, with and without LMS
+demo: install ## The main job: ResNet50 on the 16 GB V100 machines (PCIe 3, NVLink 2), with and without LMS
 	$(PY) -m tflms demo
 
-results: install ## Regenerate docs/results.md (several models, 16 and 80 GiB GPUs)
+results: install ## Regenerate docs/results.md (several models on real GPU/link machines, the TFLMS papers' rows)
 	$(PY) -m tflms results --force --json-output docs/results.json
 
 soak: install ## A million random engine operations against a reference model
