@@ -12,7 +12,7 @@ CORE_HDRS := $(wildcard core/include/tflms/*.h core/src/*.h)
 CXXFLAGS_CORE := -std=c++17 -Wall -Wextra -Werror -Icore/include -Icore/src -pthread
 
 .PHONY: help install test test-fast lint cpp-test sanitize cuda-test patches verify verify-all \
-        verify-nightly bench demo results soak wheel clean
+        verify-nightly bench demo results soak wheel clean addon-check
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -63,6 +63,9 @@ $(BUILD)/cuda_engine_test: core/tests/cuda_engine_test.cu core/src/cuda_device.c
 
 cuda-test: $(BUILD)/cuda_engine_test ## Build the CUDA backend with nvcc and run it (skips without a GPU)
 	$(BUILD)/cuda_engine_test
+
+addon-check: install ## The stock-wheel add-on: build it against the tensorflow GPU wheel (venv in ~/.cache/tflms/venvs/gpu-2.21.0), link check, CPU run (docs/addon.md)
+	$(PY) -m pytest -q -m slow tests/test_addon.py
 
 # Every supported tag, oldest first (tflms/patch/__init__.py: SUPPORTED_VERSIONS).
 TF_VERSIONS = $(shell $(PY) -c 'from tflms.patch import SUPPORTED_VERSIONS as v; print(*v)' 2>/dev/null)

@@ -18,11 +18,13 @@ Status FromCuda(cudaError_t err, const char* what) {
 
 class CudaDevice::CudaStream : public Stream {
  public:
-  explicit CudaStream(cudaStream_t s) : stream(s) {}
+  explicit CudaStream(cudaStream_t s, bool owned = true)
+      : stream(s), owned(owned) {}
   ~CudaStream() override {
-    if (stream != nullptr) cudaStreamDestroy(stream);
+    if (stream != nullptr && owned) cudaStreamDestroy(stream);
   }
   cudaStream_t stream;
+  const bool owned;  // false: the caller's stream (UseComputeStream)
 };
 
 class CudaDevice::CudaEvent : public Event {
@@ -55,8 +57,15 @@ Status FromDriver(CUresult r, const char* what) {
                           std::to_string(static_cast<int>(r)));
 }
 
+#ifdef TFLMS_CUDA_LINKED_DRIVER
+// The library links the driver's entry points (see cuda_device.h).
+#define TFLMS_RESOLVE(name, fn) (*(fn) = &name, true)
+#else
+#define TFLMS_RESOLVE(name, fn) Resolve(#name, fn)
+#endif
+
 template <typename F>
-bool Resolve(const char* name, F* fn) {
+[[maybe_unused]] bool Resolve(const char* name, F* fn) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult q;
   if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault,
@@ -79,6 +88,7 @@ CudaDevice::~CudaDevice() {
     if (s) cudaStreamSynchronize(s->stream);
     s.reset();
   }
+  if (external_compute_) cudaStreamSynchronize(external_compute_->stream);
   std::lock_guard<std::mutex> lock(vm_mu_);
   if (vmm_) {
     for (const auto& m : vm_mapped_) {
@@ -91,21 +101,22 @@ CudaDevice::~CudaDevice() {
 
 Status CudaDevice::InitVmm() {
   auto v = std::make_unique<Vmm>();
-  if (!Resolve("cuMemAddressReserve", &v->address_reserve) ||
-      !Resolve("cuMemAddressFree", &v->address_free) ||
-      !Resolve("cuMemCreate", &v->create) ||
-      !Resolve("cuMemRelease", &v->release) ||
-      !Resolve("cuMemMap", &v->map) || !Resolve("cuMemUnmap", &v->unmap) ||
-      !Resolve("cuMemSetAccess", &v->set_access) ||
-      !Resolve("cuMemGetAllocationGranularity", &v->granularity)) {
+  if (!TFLMS_RESOLVE(cuMemAddressReserve, &v->address_reserve) ||
+      !TFLMS_RESOLVE(cuMemAddressFree, &v->address_free) ||
+      !TFLMS_RESOLVE(cuMemCreate, &v->create) ||
+      !TFLMS_RESOLVE(cuMemRelease, &v->release) ||
+      !TFLMS_RESOLVE(cuMemMap, &v->map) ||
+      !TFLMS_RESOLVE(cuMemUnmap, &v->unmap) ||
+      !TFLMS_RESOLVE(cuMemSetAccess, &v->set_access) ||
+      !TFLMS_RESOLVE(cuMemGetAllocationGranularity, &v->granularity)) {
     return Status::Ok();  // no VMM: fixed_addresses will be refused
   }
   decltype(&cuDeviceGet) device_get = nullptr;
   decltype(&cuDeviceGetAttribute) get_attribute = nullptr;
   CUdevice dev = 0;
   int supported = 0;
-  if (!Resolve("cuDeviceGet", &device_get) ||
-      !Resolve("cuDeviceGetAttribute", &get_attribute) ||
+  if (!TFLMS_RESOLVE(cuDeviceGet, &device_get) ||
+      !TFLMS_RESOLVE(cuDeviceGetAttribute, &get_attribute) ||
       device_get(&dev, ordinal_) != CUDA_SUCCESS ||
       get_attribute(&supported,
                     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
@@ -268,7 +279,25 @@ Status CudaDevice::Init() {
         cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream"));
     streams_[i] = std::make_unique<CudaStream>(s);
   }
+  compute_.store(streams_[0].get(), std::memory_order_release);
   return InitVmm();
+}
+
+Status CudaDevice::UseComputeStream(void* cuda_stream) {
+  if (cuda_stream == nullptr || external_compute_ != nullptr) {
+    return InvalidArgument("UseComputeStream: once, with a stream");
+  }
+  cudaSetDevice(ordinal_);
+  auto external = std::make_unique<CudaStream>(
+      static_cast<cudaStream_t>(cuda_stream), /*owned=*/false);
+  // What was ordered on our own compute stream stays ahead of the new one.
+  Status status;
+  EventRef before = RecordEvent(streams_[0].get(), &status);
+  if (!status.ok()) return status;
+  TFLMS_RETURN_IF_ERROR(WaitEvent(external.get(), before));
+  compute_.store(external.get(), std::memory_order_release);
+  external_compute_ = std::move(external);
+  return Status::Ok();
 }
 
 void* CudaDevice::AllocateDeviceMemory(size_t bytes, size_t) {
@@ -298,6 +327,9 @@ void* CudaDevice::AllocateHostMemory(size_t bytes) {
 void CudaDevice::FreeHostMemory(void* ptr, size_t) { cudaFreeHost(ptr); }
 
 Stream* CudaDevice::GetStream(StreamKind kind) {
+  if (kind == StreamKind::kCompute) {
+    return compute_.load(std::memory_order_acquire);
+  }
   return streams_[static_cast<int>(kind)].get();
 }
 
@@ -366,7 +398,7 @@ bool CudaDevice::EventDone(const EventRef& event) {
 Status CudaDevice::ReadDeviceSync(void* host_dst, const void* device_src,
                                   size_t bytes) {
   cudaSetDevice(ordinal_);
-  cudaStream_t compute = streams_[0]->stream;
+  cudaStream_t compute = compute_.load(std::memory_order_acquire)->stream;
   TFLMS_RETURN_IF_ERROR(FromCuda(
       cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost,
                       compute),
@@ -377,7 +409,7 @@ Status CudaDevice::ReadDeviceSync(void* host_dst, const void* device_src,
 Status CudaDevice::WriteDeviceSync(void* device_dst, const void* host_src,
                                    size_t bytes) {
   cudaSetDevice(ordinal_);
-  cudaStream_t compute = streams_[0]->stream;
+  cudaStream_t compute = compute_.load(std::memory_order_acquire)->stream;
   TFLMS_RETURN_IF_ERROR(FromCuda(
       cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
                       compute),

@@ -7,8 +7,9 @@
 //
 //   * device memory: cudaMalloc per region (the BFC arena pools it);
 //   * host memory:   cudaHostAlloc (page-locked, so copies are real DMA);
-//   * streams:       a compute stream given by the caller (or created), and
-//                    dedicated non-blocking D2H and H2D streams;
+//   * streams:       a compute stream (created, or the caller's: see
+//                    UseComputeStream), and dedicated non-blocking D2H and H2D
+//                    streams;
 //   * events:        cudaEventDisableTiming events, one per RecordEvent.
 // A failed asynchronous copy surfaces as the error of the next
 // cudaEventSynchronize on that stream, which is the contract device.h asks.
@@ -27,13 +28,20 @@
 //     libcuda directly. Unmapping does not wait for streams: the engine
 //     proves the pages idle first (device.h).
 //
+// Built with TFLMS_CUDA_LINKED_DRIVER (the stock-wheel add-on), the driver
+// entry points are linked instead: TensorFlow's libtensorflow_framework
+// exports lazily loading stubs for them, and its runtime stubs lack
+// cudaGetDriverEntryPointByVersion.
+//
 // Thread safety: the CUDA runtime is thread-safe; this class keeps no mutable
 // state after construction besides the device selection, which every method
 // re-applies (cudaSetDevice) because CUDA's current device is per thread,
-// and the virtual memory bookkeeping, guarded by vm_mu_.
+// the compute stream (an atomic pointer, set once by UseComputeStream), and
+// the virtual memory bookkeeping, guarded by vm_mu_.
 #ifndef TFLMS_CORE_SRC_CUDA_DEVICE_H_
 #define TFLMS_CORE_SRC_CUDA_DEVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -51,6 +59,16 @@ class CudaDevice : public Device {
   static std::unique_ptr<CudaDevice> Create(int device_ordinal,
                                             Status* status);
   ~CudaDevice() override;
+
+  // Makes `cuda_stream` (a cudaStream_t the caller owns and keeps alive as
+  // long as this device, e.g. TensorFlow's compute stream for this GPU) the
+  // compute stream: the kernels that use the engine's buffers run there, so
+  // page-outs must wait for it and it must wait for page-ins. Work already
+  // ordered on the previous compute stream stays ordered before it. Once
+  // only: InvalidArgument on a second call. Not concurrently with itself
+  // (its one caller is the GPU device that owns the stream, after Init);
+  // concurrent users of the device see the old or the new stream, both valid.
+  Status UseComputeStream(void* cuda_stream);
 
   const char* Name() const override { return "cuda"; }
   void* AllocateDeviceMemory(size_t bytes, size_t alignment) override;
@@ -91,6 +109,9 @@ class CudaDevice : public Device {
 
   const int ordinal_;
   std::unique_ptr<CudaStream> streams_[3];
+  // The caller's compute stream (UseComputeStream), not destroyed with us.
+  std::unique_ptr<CudaStream> external_compute_;
+  std::atomic<CudaStream*> compute_{nullptr};  // streams_[0] or the caller's
   std::unique_ptr<Vmm> vmm_;
   size_t vm_granularity_ = 0;  // constant after Init
 
