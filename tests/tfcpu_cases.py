@@ -4,7 +4,9 @@
 
 MODE is `stock` (TensorFlow as installed), `lms` (tflms.tfcpu with a modelled device
 memory well below the program's peak), `defrag` (the same with defragmentation and
-verified moves), `fixed` (the engine's fixed-address mode: evicted pages unmapped) or
+verified moves), `prefetch` (the same as `lms` with the engine's prefetch, which learns
+steps from the step ids at the pin sites), `fixed` (the engine's fixed-address mode:
+evicted pages unmapped) or
 `nolms` (the tfcpu device and allocator without movable tensors).
 The program prints one line `RESULT <json>`: its values (floats as hex, so equality is
 bit-for-bit) and, under tfcpu, the engine's statistics.
@@ -48,6 +50,7 @@ def _setup(case: str, mode: str) -> Any:
             device_memory=memory,
             host_memory="1GiB",
             defrag=mode == "defrag",
+            prefetch=mode == "prefetch",
             verify_moves=mode == "defrag",
             lms=mode != "nolms",
             fixed_addresses=mode == "fixed",

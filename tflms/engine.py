@@ -156,6 +156,11 @@ class Engine:
         """Marks a training-step boundary; prefetch learns the pin order per step."""
         self._engine.step_begin()
 
+    def note_step_id(self, step_id: int) -> None:
+        """A kernel of framework step `step_id` is about to pin: the engine finds step
+        boundaries itself from these ids, as it does inside TensorFlow."""
+        self._engine.note_step_id(step_id)
+
     def set_lms_limit(self, nbytes: int) -> None:
         self._engine.set_lms_limit(nbytes)
 

@@ -482,6 +482,7 @@ Status Engine::Defragment(size_t* bytes_moved) {
   return impl_->Defragment(bytes_moved);
 }
 void Engine::StepBegin() { impl_->StepBegin(); }
+void Engine::NoteStepId(int64_t step_id) { impl_->NoteStepId(step_id); }
 Status Engine::SetLmsLimit(size_t bytes) { return impl_->SetLmsLimit(bytes); }
 EngineStats Engine::GetStats() const { return impl_->GetStats(); }
 void Engine::ClearStats() { impl_->ClearStats(); }

@@ -162,6 +162,10 @@ class Engine::Impl {
 
   // ---- prefetch.cc ----
   void StepBegin();
+  void StepBeginLocked();
+  void NoteStepId(int64_t step_id);
+  // Makes library[index] the order this step follows.
+  void FollowRecording(size_t index);
   // Records the pin and returns buffers worth paging in ahead of use.
   std::vector<Buffer*> NotePinAndPlan(Buffer* b);
   void RunPrefetch(std::unique_lock<std::mutex>& lock,
@@ -328,10 +332,20 @@ class Engine::Impl {
     int64_t step = 0;
     int64_t next_ordinal = 0;
     std::vector<int64_t> recording;  // keys pinned this step
-    std::vector<int64_t> learned;    // keys pinned last step
-    // learned positions of each key, ascending (built at StepBegin)
+    // The last few steps' recordings, newest last: with several functions
+    // per step (each its own TensorFlow step id) each has its own order.
+    std::vector<std::vector<int64_t>> library;
+    // Whether `learned` is still to be chosen from `library` by this step's
+    // first pins.
+    bool choosing = false;
+    std::vector<int64_t> learned;    // the order this step follows
+    // learned positions of each key, ascending (built when chosen)
     std::unordered_map<int64_t, std::vector<size_t>> positions;
     size_t cursor = 0;
+    // Step ids seen at the pin sites (NoteStepId).
+    bool has_step_id = false;
+    int64_t step_id = 0;
+    size_t id_pins = 0;  // pins recorded under step_id
     std::unordered_map<int64_t, Buffer*> by_ordinal;  // this step's buffers
     size_t inflight_bytes = 0;  // prefetched, not yet pinned
   } prefetch_;

@@ -16,6 +16,21 @@
 // allocation order is (TensorFlow's executor is deterministic for a fixed
 // graph; a mismatch only costs a missed prefetch, never correctness).
 //
+// Steps inside TensorFlow: nothing calls StepBegin there; every kernel's
+// pin site passes its context's step id (NoteStepId). Every tf.function call
+// gets a new id, and so does every eager op, while functional control flow
+// (While, If, nested calls) runs under its caller's. A change of id ends a
+// step only if the id that ends had at least kMinStepPins pins: eager ops
+// and small functions between steps are folded into the next step's
+// recording (their pins then repeat with it, or cost a resync), however many
+// of them run in a row.
+// A step of several functions (each its own id, e.g. a custom loop calling a
+// gradient function and then an apply function) yields one recording per
+// function; the last kLibrarySize recordings are kept and each step follows
+// the one in which its first pin comes earliest. The first (tracing) call of
+// a function pins in an order of its own; the next call's recording replaces
+// it, so prefetch starts from the third call.
+//
 // Bounds: prefetched-but-not-yet-pinned bytes stay under
 // prefetch_budget_bytes, and a prefetch may evict at most one victim (single
 // reclaim), never run a full reclaim or defragmentation.
@@ -28,6 +43,11 @@ namespace tflms {
 namespace {
 // How far ahead of the cursor a pin is searched for in the learned order.
 constexpr size_t kResyncWindow = 64;
+// Fewer pins than this under one step id are not a step of their own (an
+// eager op pins its few inputs; a training step's function hundreds).
+constexpr size_t kMinStepPins = 16;
+// Recordings kept to choose from (functions per step, times two).
+constexpr size_t kLibrarySize = 4;
 }  // namespace
 
 int64_t PrefetchKey(const Buffer* b) {
@@ -36,13 +56,37 @@ int64_t PrefetchKey(const Buffer* b) {
 
 void Engine::Impl::StepBegin() {
   std::lock_guard<std::mutex> lock(mu_);
+  StepBeginLocked();
+}
+
+void Engine::Impl::NoteStepId(int64_t step_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PrefetchState& p = prefetch_;
+  if (p.has_step_id && p.step_id == step_id) return;
+  const bool boundary = p.has_step_id && p.id_pins >= kMinStepPins;
+  p.has_step_id = true;
+  p.step_id = step_id;
+  p.id_pins = 0;
+  if (boundary) StepBeginLocked();
+}
+
+void Engine::Impl::FollowRecording(size_t index) {
+  PrefetchState& p = prefetch_;
+  p.learned = p.library[index];
+  p.positions.clear();
+  for (size_t i = 0; i < p.learned.size(); ++i) {
+    p.positions[p.learned[i]].push_back(i);
+  }
+}
+
+void Engine::Impl::StepBeginLocked() {
   PrefetchState& p = prefetch_;
   if (!p.recording.empty()) {
-    p.learned.swap(p.recording);
-    p.positions.clear();
-    for (size_t i = 0; i < p.learned.size(); ++i) {
-      p.positions[p.learned[i]].push_back(i);
-    }
+    if (p.library.size() == kLibrarySize) p.library.erase(p.library.begin());
+    p.library.push_back(std::move(p.recording));
+    // Until this step's first pins say otherwise, it follows the last one.
+    FollowRecording(p.library.size() - 1);
+    p.choosing = p.library.size() > 1;
   }
   p.recording.clear();
   p.cursor = 0;
@@ -72,7 +116,30 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
   PrefetchState& p = prefetch_;
   const int64_t key = PrefetchKey(b);
   p.recording.push_back(key);
+  ++p.id_pins;
   std::vector<Buffer*> plan;
+  if (p.choosing) {
+    // The recording in which this pin comes earliest (the newest on a tie)
+    // is the order this step follows.
+    size_t best = SIZE_MAX, best_at = kResyncWindow;
+    for (size_t c = p.library.size(); c-- > 0;) {
+      const std::vector<int64_t>& keys = p.library[c];
+      const size_t n = std::min(keys.size(), best_at);
+      for (size_t i = 0; i < n; ++i) {
+        if (keys[i] == key) {
+          best = c;
+          best_at = i;
+          break;
+        }
+      }
+    }
+    if (best != SIZE_MAX) {
+      p.choosing = false;
+      if (best != p.library.size() - 1) FollowRecording(best);
+    } else if (p.recording.size() >= kResyncWindow) {
+      p.choosing = false;  // keep following the last step's order
+    }
+  }
   if (p.learned.empty()) return plan;
   const size_t end = std::min(p.learned.size(), p.cursor + kResyncWindow);
   bool found = false;

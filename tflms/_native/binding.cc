@@ -361,6 +361,10 @@ PYBIND11_MODULE(_core, m) {
       .def("reclaim_inactive", &PyEngine::ReclaimInactive)
       .def("step_begin",
            [](PyEngine& e) { e.holder().engine->StepBegin(); })
+      .def("note_step_id",
+           [](PyEngine& e, int64_t id) {
+             e.holder().engine->NoteStepId(id);
+           })
       .def("set_lms_limit", &PyEngine::SetLmsLimit)
       .def("check_invariants", &PyEngine::CheckInvariants)
       .def("free_space", &PyEngine::FreeSpace)

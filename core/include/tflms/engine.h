@@ -158,6 +158,11 @@ class Engine {
   Status Defragment(size_t* bytes_moved);
   // Marks a training-step boundary (prefetch learns per step).
   void StepBegin();
+  // A kernel of the framework's step `step_id` is about to pin its inputs.
+  // Inside TensorFlow nothing calls StepBegin: the engine finds boundaries
+  // itself from these ids (prefetch.cc says how it copes with eager ops,
+  // several functions per step and the first, tracing step).
+  void NoteStepId(int64_t step_id);
   // Changes the reclaim threshold at run time (0 = memory_limit).
   Status SetLmsLimit(size_t bytes);
 

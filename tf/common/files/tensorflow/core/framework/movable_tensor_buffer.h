@@ -87,6 +87,9 @@ class MovableAllocator {
   virtual void UnpinMovable(void* handle) = 0;
   virtual absl::Status MakeUnmovable(void* handle, void** data) = 0;
   virtual size_t MovableSize(const void* handle) const = 0;
+  // A kernel of step `step_id` (OpKernelContext::step_id) is about to pin its
+  // inputs. Allocators that learn a step's order to prefetch override it.
+  virtual void NoteStepId(int64_t /*step_id*/) {}
 
  protected:
   // Owned as an Allocator, never through this interface.

@@ -264,8 +264,21 @@ void ReleaseOutputCreationPins(OpKernelContext* context) {
   }
 }
 
+namespace {
+
+// Tells the device's LMS allocator which step the kernel belongs to, so that
+// the engine finds step boundaries (and prefetches) with nobody marking them.
+void NoteKernelStep(OpKernelContext* context) {
+  MovableAllocator* movable = FindMovableAllocator(
+      context->device()->GetAllocator(AllocatorAttributes()));
+  if (movable != nullptr) movable->NoteStepId(context->step_id());
+}
+
+}  // namespace
+
 KernelPins::KernelPins(OpKernelContext* context) : context_(context) {
   if (!MovableTensorBufferUtil::Enabled()) return;
+  NoteKernelStep(context);
   absl::Status s = PinKernelInputs(context, &pins_);
   if (!s.ok()) {
     pins_.Release();
@@ -283,6 +296,7 @@ KernelPins::~KernelPins() {
 bool PinAsyncKernelInputs(OpKernelContext* context,
                           AsyncOpKernel::DoneCallback* done) {
   if (!MovableTensorBufferUtil::Enabled()) return true;
+  NoteKernelStep(context);
   auto pins = std::make_shared<ScopedTensorPins>();
   absl::Status s = PinKernelInputs(context, pins.get());
   if (!s.ok()) {

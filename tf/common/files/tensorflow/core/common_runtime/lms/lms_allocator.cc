@@ -240,6 +240,13 @@ absl::Status LmsAllocator::PinMovable(void* handle, void** data) {
   return ToAbslStatus(engine_->Pin(AsBuffer(handle), data));
 }
 
+void LmsAllocator::NoteStepId(int64_t step_id) {
+  if (last_step_id_.exchange(step_id, std::memory_order_relaxed) == step_id) {
+    return;
+  }
+  engine_->NoteStepId(step_id);
+}
+
 void LmsAllocator::UnpinMovable(void* handle) {
   tflms::Status s = engine_->Unpin(AsBuffer(handle));
   if (!s.ok()) {

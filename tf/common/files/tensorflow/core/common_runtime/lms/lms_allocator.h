@@ -91,6 +91,7 @@ class LmsAllocator : public tsl::Allocator, public MovableAllocator {
   void UnpinMovable(void* handle) override;
   absl::Status MakeUnmovable(void* handle, void** data) override;
   size_t MovableSize(const void* handle) const override;
+  void NoteStepId(int64_t step_id) override;
 
   // Every engine counter (statistics for tf.experimental.get_lms_*).
   tflms::EngineStats GetLmsStats() const;
@@ -128,6 +129,11 @@ class LmsAllocator : public tsl::Allocator, public MovableAllocator {
   std::atomic<int> waiters_{0};
   std::mutex retry_mu_;
   std::condition_variable retry_cv_;
+
+  // The step id of the last kernel that noted one: kernels of one step run
+  // on many threads, and only a change takes the engine's lock. Relaxed: a
+  // stale read costs one redundant NoteStepId, which the engine ignores.
+  std::atomic<int64_t> last_step_id_{0};
 };
 
 }  // namespace lms

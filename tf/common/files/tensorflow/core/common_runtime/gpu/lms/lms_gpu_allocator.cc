@@ -78,6 +78,19 @@ bool GarbageCollection() {
   return enabled;
 }
 
+// TF_LMS_PREFETCH (default false): page in the next tensors of the learnt
+// step order ahead of use. The engine learns steps from the step ids the pin
+// sites pass. Off by default: under real TensorFlow (tflms.tfcpu) a Keras
+// step runs under several interleaved step ids and its tensors are rarely
+// recognised from one step to the next, so prefetch did not yet win there.
+bool PrefetchEnabled() {
+  bool enabled = false;
+  absl::Status s = tsl::ReadBoolFromEnvVar("TF_LMS_PREFETCH",
+                                           /*default_val=*/false, &enabled);
+  if (!s.ok()) LOG(ERROR) << s;
+  return enabled;
+}
+
 // GPUOptions.experimental.lms_limit_bytes is one value for every GPU of the
 // process, whose memory limits may differ: at or above a GPU's limit it
 // means that GPU's whole memory (0), as it does in SetLmsLimit (lms_stats.h).
@@ -195,6 +208,7 @@ std::unique_ptr<tsl::Allocator> CreateLmsGpuAllocator(
   // The gpu_host_bfc allocator enforces TF_GPU_HOST_MEM_LIMIT_IN_MB.
   engine_options.host_memory_limit = 0;
   engine_options.defrag_enabled = defrag_enabled;
+  engine_options.prefetch_enabled = lms::PrefetchEnabled();
 
   lms::StreamExecutorLmsDevice* device_ptr = device->get();
   absl::StatusOr<std::unique_ptr<lms::LmsAllocator>> allocator =
@@ -210,7 +224,8 @@ std::unique_ptr<tsl::Allocator> CreateLmsGpuAllocator(
                                                : engine_options.lms_limit) >>
                 20)
             << " MiB in use, defragmentation "
-            << (engine_options.defrag_enabled ? "on" : "off") << ")";
+            << (engine_options.defrag_enabled ? "on" : "off") << ", prefetch "
+            << (engine_options.prefetch_enabled ? "on" : "off") << ")";
   lms::devices[id].store(device_ptr, std::memory_order_release);
   lms::registry[id].store(allocator->get(), std::memory_order_release);
   int end = lms::registry_end.load(std::memory_order_relaxed);
