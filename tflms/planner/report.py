@@ -259,10 +259,8 @@ def _limit_cell(mb: dict[str, Any], what: str) -> tuple[str, str]:
     h = more.get("host") or {}
     knob = "limit" if h.get("bound_by", "").startswith("TF_") else "RAM"
     value = f"{more['with_lms']}^3" if what == "size" else str(more["with_lms"])
-    return (
-        "HOST",
-        f"{value} ({more['factor']:g}x host {knob}: {format_bytes(more['host_memory_bytes'])})",
-    )
+    bigger = format_bytes(more["host_memory_bytes"])
+    return "HOST", f"{value} ({more['factor']:g}x the {knob}: {bigger} for LMS)"
 
 
 def machines_markdown(studies: Sequence[dict[str, Any]]) -> list[str]:
