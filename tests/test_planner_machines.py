@@ -179,3 +179,19 @@ def test_paper_rows_get_the_planners_gain_and_step_cost() -> None:
     assert unet["planner_gain"] == paper["unet3d"]["voxel_ratio"]
     md = "\n".join(paper_markdown(paper))
     assert "## Against the TFLMS papers" in md and "4.9x batch" in md and "192^3" in md
+
+
+def test_results_flag_a_smaller_batch_that_fails_below_the_answer() -> None:
+    from tflms.planner.report import results_markdown
+
+    m = Machine.from_pairing(get_pairing("ac922-v100")).to_json()
+    mb = {
+        "without_lms": 10, "with_lms": 50, "ratio": 5.0, "monotone": True,
+        "limited_by": "gpu", "host_memory_bytes": m["host_memory_bytes"],
+    }  # fmt: skip
+    oom = {"fits": False, "prefetch": False, "batch_size": 40, "link": m["link"]}
+    study = {"model": "ResNet50", "machine": m, "max_batch": mb, "overhead": [oom]}
+    res = {"wall_s": 1.0, "calibration": [], "studies": [study]}
+    assert "5.00x batch (uneven: fragmentation)" in results_markdown(res)
+    study["overhead"] = []
+    assert "(uneven" not in results_markdown(res)

@@ -420,7 +420,14 @@ def results_markdown(res: dict[str, Any]) -> str:
         if "max_batch" in s:
             mb = s["max_batch"]
             ratio = f"{mb['ratio']:.2f}x batch" if mb["ratio"] else "-"
-            if not mb.get("monotone", True):
+            # A smaller batch that fails where the search's answer fits (seen by the search,
+            # or by an on-demand overhead run below the answer) means fitting is uneven.
+            below = [
+                r
+                for r in s["overhead"]
+                if not r["prefetch"] and r["batch_size"] <= mb["with_lms"] and not r["fits"]
+            ]
+            if not mb.get("monotone", True) or below:
                 ratio += " (uneven: fragmentation)"
             stop, more = _limit_cell(mb, "batch")
             summary_rows.append(
