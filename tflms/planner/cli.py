@@ -72,8 +72,8 @@ def add_parsers(sub: Any) -> None:
     eng.add_argument(
         "--prefetch",
         action="store_true",
-        help="let the engine prefetch (not enabled inside the patched TensorFlow yet: "
-        "a what-if for the engine)",
+        help="let the engine prefetch, with steps recognised exactly (inside TensorFlow: "
+        "opt-in with TF_LMS_PREFETCH=1, and steps are not yet recognised reliably)",
     )
     eng.add_argument(
         "--no-prefetch", action="store_true", help="page in on demand only (the default)"

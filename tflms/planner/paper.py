@@ -63,7 +63,7 @@ GetTrace = Callable[[str, int, "int | None"], "Trace"]
 
 
 def _step_cost(trace: Trace, machine: Machine, steps: int) -> dict[str, Any]:
-    """On-demand (the patched TF) and prefetch (engine only) step cost of `trace`."""
+    """On-demand (the patch's default) and prefetch (opt-in) step cost of `trace`."""
     plan = build_plan(trace, machine.gpu)
     unlimited = replay_unlimited(plan, machine.gpu, machine.link_gbps, steps=steps)
     out: dict[str, Any] = {"unlimited_step_time_s": unlimited.step_time_s}

@@ -285,9 +285,10 @@ def swap_bound_s(plan: StepPlan, device_memory: int, link_gbps: float) -> float:
     return bound
 
 
-# Prefetch exists in the engine but not yet inside TensorFlow: every figure with it is
-# labelled so.
-PREFETCH_LABEL = "prefetch (engine only)"
+# Inside the patched TensorFlow prefetch is opt-in (TF_LMS_PREFETCH=1) and its steps are
+# not yet recognised reliably (docs/how-it-works.md, Prefetch); the replay marks steps
+# exactly, so a prefetch figure is what prefetch gives at best: every one is labelled.
+PREFETCH_LABEL = "prefetch (opt-in)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,8 +299,8 @@ class EngineConfig:
     host_memory: int
     link_gbps: float
     lms: bool = True
-    # Off by default, as in the patched TensorFlow: its adapter does not mark steps, so
-    # the engine never learns a step's pin order there (docs/how-it-works.md, Prefetch).
+    # Off by default, as in the patched TensorFlow (opt-in there with TF_LMS_PREFETCH=1,
+    # where a step's pin order is not yet recognised reliably: docs/how-it-works.md).
     prefetch: bool = False
     defrag: bool = False
     prefetch_lookahead: int = 256
@@ -310,8 +311,8 @@ class EngineConfig:
     allow_growth: bool = False
 
     @property
-    def as_patched_tf_runs(self) -> bool:
-        """True when the patched TensorFlow can run this configuration today."""
+    def patch_default(self) -> bool:
+        """True when this is what the patched TensorFlow does by default (no prefetch)."""
         return not (self.lms and self.prefetch)
 
     def label(self) -> str:
@@ -363,7 +364,7 @@ class ReplayResult:
         out: dict[str, Any] = {
             "config": dataclasses.asdict(self.config),
             "fits": self.fits,
-            "as_patched_tf_runs": self.config.as_patched_tf_runs,
+            "patch_default": self.config.patch_default,
         }
         if not self.fits:
             out["oom_message"] = self.oom_message

@@ -71,8 +71,8 @@ class Machine:
     def config(
         self, *, lms: bool = True, prefetch: bool = False, defrag: bool = False
     ) -> EngineConfig:
-        # Prefetch is off by default: the patched TensorFlow does not mark steps, so
-        # the engine inside it never learns a step's order (docs/how-it-works.md).
+        # Prefetch is off by default, as in the patched TensorFlow (TF_LMS_PREFETCH=1 opts
+        # in; steps are not yet recognised reliably there: docs/how-it-works.md).
         return EngineConfig(
             device_memory=self.gpu.memory_bytes,
             host_memory=self.host_memory,
@@ -185,7 +185,7 @@ def simulate_step(
 
     compare: also replay the other LMS variants (on-demand paging as the patched
     TensorFlow runs, with defragmentation, and the engine's prefetch, which TensorFlow
-    does not enable yet) so the report shows what each buys.
+    runs only when asked to, TF_LMS_PREFETCH=1) so the report shows what each buys.
     """
     plan = build_plan(trace, machine.gpu)
     variants = [(prefetch, defrag)]
@@ -455,7 +455,7 @@ def overhead_points(
 
     machines: the machines to compare (real pairings); links: what-if links for
     `machine` instead. Each gets an on-demand row (as the patched TensorFlow runs) and a
-    row with the engine's prefetch (not enabled inside TensorFlow yet).
+    row with the engine's prefetch (opt-in inside TensorFlow).
     """
     targets = list(machines) or [machine.on_link(n, g) for n, g in links] or [machine]
     rows: list[dict[str, Any]] = []
