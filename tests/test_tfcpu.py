@@ -73,14 +73,16 @@ def stock_output(case: str) -> dict:
 def _peak_without_pressure(case: str) -> int:
     # The executor's schedule varies with machine load (two threads run ready
     # kernels: the caller's and the inter-op pool's), and the peak with it: the
-    # CNN's was 10.0 MB on an idle machine and up to 17.3 MB on a loaded one. The
-    # smaller of two runs is the most frugal schedule seen, the honest yardstick.
+    # CNN's ranged from 10.0 to 17.3 MB, and one loaded CI run measured the RNN at
+    # 4.6 MB where every other run reached 12.0 MB. The larger of two runs is a peak
+    # the step really reached; DEVICE_MEMORY sits below a quarter of the smallest
+    # typical one, so either run suffices.
     peaks = []
     for _ in range(2):
         result = run_case(case, "lms", {"TFCPU_DEVICE_MEMORY": "1GiB"})
         assert result["stats"]["bytes_reclaimed"] == 0
         peaks.append(result["stats"]["peak_bytes_in_use"])
-    return min(peaks)
+    return max(peaks)
 
 
 @pytest.mark.parametrize("case", ["cnn", "rnn", "map_fn"])
@@ -276,3 +278,23 @@ def test_prefetch_inside_tensorflow_keeps_values() -> None:
     assert program_output(pre) == stock_output("rnn")
     assert pre["stats"]["num_page_ins"] > 0
     assert pre["stats"]["num_ooms"] == 0
+
+
+def test_fixed_address_mode_faults_when_a_pin_site_is_removed() -> None:
+    # The detection works: ReluGrad run without its inputs pinned reads activations
+    # the engine evicted (pages unmapped) and the process dies of SIGSEGV instead of
+    # computing with stale bytes. With the pin site in place the same program is
+    # bit-identical to stock (test_fixed_address_mode_trains_with_pages_unmapped).
+    import signal
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.tfcpu_cases", "cnn", "fixed"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "1", "TFLMS_TFCPU_UNPINNED_OP": "ReluGrad"},
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stderr[-3000:])
+    assert "RESULT " not in proc.stdout

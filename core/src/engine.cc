@@ -259,7 +259,9 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
       cv_.wait(lock);
     }
   }
-  ++counters_.num_ooms;
+  // A prefetch that finds no room without costly reclaims gives up; that is
+  // not an out-of-memory anyone sees.
+  if (max_source >= AllocSource::kFullReclaim) ++counters_.num_ooms;
   *status = ResourceExhausted(OutOfMemoryMessage(bytes, rounded, host_status));
   return BfcArena::kInvalidChunk;
 }

@@ -230,7 +230,7 @@ Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
     if (status.ok()) {
       h = b->vchunk;
       AddChunkBytes(b, static_cast<int64_t>(arena_->chunk(h)->size));
-    } else if (status.code() == Code::kResourceExhausted) {
+    } else if (status.code() == Code::kResourceExhausted && !for_prefetch) {
       ++counters_.num_ooms;
     }
   } else {

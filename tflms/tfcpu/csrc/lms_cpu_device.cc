@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -83,6 +84,13 @@ class LmsCpuDevice : public tensorflow::ThreadPoolDevice {
 
   void Compute(tensorflow::OpKernel* op_kernel,
                tensorflow::OpKernelContext* context) override {
+    if (unpinned_op_ != nullptr && op_kernel->type_string() == unpinned_op_) {
+      // The detection test: this op's pin site removed (its outputs'
+      // creation pins are still released, as the pin site would).
+      ThreadPoolDevice::Compute(op_kernel, context);
+      tensorflow::lms::ReleaseOutputCreationPins(context);
+      return;
+    }
     tensorflow::lms::KernelPins pins(context);
     if (!pins.ok()) return;
     ThreadPoolDevice::Compute(op_kernel, context);
@@ -108,6 +116,10 @@ class LmsCpuDevice : public tensorflow::ThreadPoolDevice {
 
  private:
   tensorflow::Allocator* const allocator_;
+  // TFLMS_TFCPU_UNPINNED_OP names one op type whose kernels run without their
+  // inputs pinned: in fixed-address mode a read of an evicted input must
+  // fault (tests/test_tfcpu.py). Read once; never set outside that test.
+  const char* const unpinned_op_ = std::getenv("TFLMS_TFCPU_UNPINNED_OP");
 };
 
 class LmsCpuDeviceFactory : public tensorflow::DeviceFactory {
