@@ -7,9 +7,9 @@ import tflms
 MiB = 1 << 20
 
 
-def run_steps(prefetch: bool, steps: int = 3) -> tuple[dict[str, float], dict[str, int]]:
-    """A toy training step: forward keeps 24 activations, backward reads them in reverse."""
-    eng = tflms.Engine(
+def modelled_engine(prefetch: bool) -> tflms.Engine:
+    """64 MiB of modelled device on a 24 GB/s link, 8-pin lookahead, 32 MiB budget."""
+    return tflms.Engine(
         device_memory=64 * MiB,
         host_memory=1 << 30,
         prefetch=prefetch,
@@ -18,6 +18,11 @@ def run_steps(prefetch: bool, steps: int = 3) -> tuple[dict[str, float], dict[st
         store_data=False,
         link_gbps=24.0,
     )
+
+
+def run_steps(prefetch: bool, steps: int = 3) -> tuple[dict[str, float], dict[str, int]]:
+    """A toy training step: forward keeps 24 activations, backward reads them in reverse."""
+    eng = modelled_engine(prefetch)
     act = 8 * MiB
     per_op = act / 24e9 * 1.5  # compute a little longer than one copy
     start: dict[str, float] = {}
@@ -73,15 +78,7 @@ def run_two_function_steps(marking: str, steps: int = 5) -> tuple[dict[str, int]
     "step_ids" only passes the framework's step ids, as TensorFlow's pin sites do.
     Returns the statistics and the prefetch hits of each function in the last step.
     """
-    eng = tflms.Engine(
-        device_memory=64 * MiB,
-        host_memory=1 << 30,
-        prefetch=True,
-        prefetch_budget=32 * MiB,
-        prefetch_lookahead=8,
-        store_data=False,
-        link_gbps=24.0,
-    )
+    eng = modelled_engine(prefetch=True)
     size = 8 * MiB
     per_op = size / 24e9 * 1.5
     weights = [eng.allocate(size, pinned=True) for _ in range(8)]

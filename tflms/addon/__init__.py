@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tflms._addon_build import SUPPORTED_TF_VERSIONS, BuildError, library_path
+from tflms.patch.python_half_check import GPU_STATS
 
 __all__ = [
     "SUPPORTED_TF_VERSIONS",
@@ -47,35 +48,7 @@ class AddonError(RuntimeError):
 
 
 # tf.experimental.<name>(gpu_id=0) -> the engine counter it returns (TFLMS v2's names).
-STAT_FUNCTIONS: dict[str, str] = {
-    f"get_{name}": name
-    for name in (
-        "num_allocs",
-        "bytes_in_use",
-        "peak_bytes_in_use",
-        "largest_alloc_size",
-        "bytes_limit",
-        "bytes_reserved",
-        "peak_bytes_reserved",
-        "bytes_reservable_limit",
-        "bytes_inactive",
-        "bytes_active",
-        "peak_bytes_active",
-        "bytes_reclaimed",
-        "current_bytes_reclaimed",
-        "peak_bytes_reclaimed",
-        "num_single_reclaims",
-        "num_full_reclaims",
-        "num_defragmentations",
-        "bytes_defragged",
-        "num_allocs_from_free",
-        "num_allocs_from_new_region",
-        "num_allocs_from_single_reclaim",
-        "num_allocs_from_fragment_reclaim",
-        "num_allocs_from_full_reclaim",
-        "num_allocs_from_defrag",
-    )
-}
+STAT_FUNCTIONS: dict[str, str] = {f"get_{name}": name for name in GPU_STATS}
 # tf.experimental.get_gpu_host_<name>(numa_node=0) -> the engine's host-pool counter.
 HOST_STAT_FUNCTIONS: dict[str, str] = {
     "get_gpu_host_bytes_in_use": "host_bytes_in_use",
