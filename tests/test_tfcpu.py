@@ -298,3 +298,13 @@ def test_fixed_address_mode_faults_when_a_pin_site_is_removed() -> None:
     )
     assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stderr[-3000:])
     assert "RESULT " not in proc.stdout
+
+
+def test_kernels_that_read_no_bytes_do_not_page_in() -> None:
+    # Shape, Size, Rank and Identity on a tensor that is on the host leave it
+    # there; the first kernel that reads it brings it back, once.
+    result = run_case("no_read", "lms")
+    assert program_output(result)["values"] == stock_output("no_read")["values"]
+    before, after_meta, after_read = result["page_ins"]
+    assert after_meta == before
+    assert after_read == before + 1

@@ -38,6 +38,7 @@ DEVICE_MEMORY = {
     "big_variables": "4MiB",
     "fragmented": "9MiB",
     "memory_stats": "8MiB",
+    "no_read": "8MiB",
 }
 
 
@@ -351,6 +352,35 @@ def memory_stats(tf: Any) -> dict[str, Any]:
     return {"total": total, "before": before, "after": after}
 
 
+def no_read(tf: Any) -> dict[str, Any]:
+    # Kernels that never read their inputs' bytes (Shape, Size, Rank, Identity,
+    # the calls and control-flow forwarding ops) must not page a tensor in.
+    import tflms.tfcpu as tc
+
+    x = tf.fill([512, 1024], tf.constant(3.0))  # 2 MiB
+
+    # Unknown rank: grappler cannot fold Shape, Size or Rank into constants, so
+    # their kernels really run on the paged-out tensor.
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.float32)])
+    def meta(t: Any) -> Any:
+        same = tf.identity(t)
+        return tf.shape(same), tf.size(same), tf.rank(same), same
+
+    meta.get_concrete_function()  # traced before x leaves the device
+    page_ins = []
+    if tc.enabled():
+        tc.reclaim_inactive()
+        page_ins.append(tc.stats()["num_page_ins"])
+    shape, size, rank, same = meta(x)
+    if tc.enabled():
+        page_ins.append(tc.stats()["num_page_ins"])
+    total = tf.reduce_sum(same)  # a kernel that reads: the bytes come back
+    if tc.enabled():
+        page_ins.append(tc.stats()["num_page_ins"])
+    values = [*shape.numpy().tolist(), int(size), int(rank), total]
+    return {"values": _hex(values), "page_ins": page_ins}
+
+
 CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "cnn": cnn,
     "rnn": rnn,
@@ -366,6 +396,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "big_variables": big_variables,
     "fragmented": fragmented,
     "memory_stats": memory_stats,
+    "no_read": no_read,
 }
 
 
