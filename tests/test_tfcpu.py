@@ -308,3 +308,14 @@ def test_kernels_that_read_no_bytes_do_not_page_in() -> None:
     before, after_meta, after_read = result["page_ins"]
     assert after_meta == before
     assert after_read == before + 1
+
+
+def test_a_slice_pins_its_root_only_while_it_lives() -> None:
+    # x[256:512] aliases x's bytes (Tensor::Slice): while the slice lives x stays
+    # on the device; once it is gone x moves like any inactive tensor (it used to
+    # become unmovable for the rest of its life).
+    result = run_case("slice_root", "lms")
+    assert result["values"] == stock_output("slice_root")["values"]
+    with_slice, after = result["moved"]
+    assert with_slice < result["root_bytes"]
+    assert after >= result["root_bytes"]

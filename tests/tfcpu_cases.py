@@ -39,6 +39,7 @@ DEVICE_MEMORY = {
     "fragmented": "9MiB",
     "memory_stats": "8MiB",
     "no_read": "8MiB",
+    "slice_root": "8MiB",
 }
 
 
@@ -381,6 +382,24 @@ def no_read(tf: Any) -> dict[str, Any]:
     return {"values": _hex(values), "page_ins": page_ins}
 
 
+def slice_root(tf: Any) -> dict[str, Any]:
+    # A slice aliases its root's bytes: the root stays pinned in place while the
+    # slice lives, and may move again once every slice is gone.
+    import tflms.tfcpu as tc
+
+    x = tf.reshape(tf.range(1024 * 512, dtype=tf.float32), [1024, 512]) / 1000.0
+    s = x[256:512]  # StridedSlice on the first axis: Tensor::Slice, no copy
+    moved = []
+    if tc.enabled():
+        moved.append(tc.reclaim_inactive())
+    with_slice = tf.reduce_sum(s * 2.0)
+    del s
+    if tc.enabled():
+        moved.append(tc.reclaim_inactive())
+    after = tf.reduce_sum(x)
+    return {"values": _hex([with_slice, after]), "moved": moved, "root_bytes": 1024 * 512 * 4}
+
+
 CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "cnn": cnn,
     "rnn": rnn,
@@ -397,6 +416,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "fragmented": fragmented,
     "memory_stats": memory_stats,
     "no_read": no_read,
+    "slice_root": slice_root,
 }
 
 

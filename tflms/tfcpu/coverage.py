@@ -47,7 +47,9 @@ COVERAGE: list[tuple[str, str, str]] = [
         "tflms/tfcpu/csrc/tensor_hooks.cc redirects the PLT calls of every loaded "
         "TensorFlow library to Tensor's allocating constructors, Tensor::Slice and "
         "SubSlice to code that calls the same MovableTensorBufferUtil functions the "
-        "hunk calls; calls inside tensor.cc itself (FromProto, UnalignedSlice) keep "
+        "hunk calls (a slice gets the harness's PinningSlice buffer, which pins its "
+        "root as the hunk's SubBuffer does; the wheel's SubBuffer cannot be "
+        "changed); calls inside tensor.cc itself (FromProto, UnalignedSlice) keep "
         "stock buffers, which never move",
     ),
     (

@@ -26,6 +26,7 @@
 #include <new>
 #include <string>
 
+#include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/movable_tensor_buffer.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -103,12 +104,47 @@ void HookedCtorAttr(Tensor* self, Allocator* a, DataType type,
   }
 }
 
-// SubBuffer copies the root's address; the hunk keeps the root in place.
+// Stands in for the hunk's SubBuffer, which lives in tensor.cc and cannot be
+// changed in the wheel: a slice of a movable root gets this buffer instead,
+// which pins the root (in place) for as long as the slice lives, through the
+// same MovableTensorBufferUtil calls the hunk adds to SubBuffer.
+class PinningSlice : public TensorBuffer {
+ public:
+  PinningSlice(TensorBuffer* root, void* data, size_t bytes)
+      : TensorBuffer(data), root_(root), bytes_(bytes) {
+    root_->Ref();
+    MovableTensorBufferUtil::PinRootForSlice(root_);
+  }
+  size_t size() const override { return bytes_; }
+  TensorBuffer* root_buffer() override { return root_; }
+  bool GetAllocatedBytes(size_t* out_bytes) const override {
+    return root_->GetAllocatedBytes(out_bytes);
+  }
+  void FillAllocationDescription(
+      tensorflow::AllocationDescription* proto) const override {
+    root_->FillAllocationDescription(proto);
+  }
+
+ private:
+  ~PinningSlice() override {
+    MovableTensorBufferUtil::UnpinRootForSlice(root_);
+    root_->Unref();
+  }
+  TensorBuffer* const root_;
+  const size_t bytes_;
+};
+
 // Slices of nothing (empty ranges) share no bytes and need nothing.
-void KeepRoot(const Tensor& slice) {
-  if (!MovableTensorBufferUtil::Enabled() || slice.NumElements() == 0) return;
-  tensorflow::MovableTensorBuffer* root = MovableTensorBufferUtil::Get(slice);
-  if (root != nullptr) MovableTensorBufferUtil::KeepRootInPlace(root);
+void PinRootWhileSliceLives(Tensor* slice) {
+  if (!MovableTensorBufferUtil::Enabled() || slice->NumElements() == 0) return;
+  tensorflow::MovableTensorBuffer* root = MovableTensorBufferUtil::Get(*slice);
+  if (root == nullptr) return;
+  auto* buf = new PinningSlice(
+      root, const_cast<char*>(slice->tensor_data().data()),
+      slice->TotalBytes());
+  Tensor pinned(slice->dtype(), slice->shape(), buf);
+  buf->Unref();  // `pinned` holds the only reference now.
+  *slice = std::move(pinned);  // drops the wheel's SubBuffer
 }
 
 // Tensor::Slice returns a Tensor by value: the Itanium ABI passes the
@@ -116,12 +152,12 @@ void KeepRoot(const Tensor& slice) {
 void HookedSlice(Tensor* result, const Tensor* self, int64_t start,
                  int64_t limit) {
   original_slice(result, self, start, limit);
-  KeepRoot(*result);
+  PinRootWhileSliceLives(result);
 }
 
 void HookedSubSlice(Tensor* result, const Tensor* self, int64_t index) {
   original_sub_slice(result, self, index);
-  KeepRoot(*result);
+  PinRootWhileSliceLives(result);
 }
 
 struct Hook {

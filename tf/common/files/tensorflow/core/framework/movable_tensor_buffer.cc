@@ -177,6 +177,10 @@ void MovableTensorBuffer::Unpin() {
   }
 }
 
+void MovableTensorBuffer::UnpinForSlice() {
+  if (handle_ != nullptr) movable_->UnpinMovable(handle_);
+}
+
 void MovableTensorBuffer::ReleaseCreationPin() {
   if (handle_ == nullptr) return;
   if (creation_pin_.exchange(false, std::memory_order_acq_rel)) {
@@ -253,16 +257,23 @@ TensorBuffer* MovableTensorBufferUtil::MaybeAllocate(
   return MovableTensorBuffer::Allocate(a, movable, num_bytes, attr);
 }
 
-void MovableTensorBufferUtil::KeepRootInPlace(TensorBuffer* root) {
+void MovableTensorBufferUtil::PinRootForSlice(TensorBuffer* root) {
   if (!Enabled()) return;
   MovableTensorBuffer* m = MovableTensorBuffer::FromBuffer(root);
   if (m == nullptr) return;
-  absl::Status s = m->MakeUnmovable();
+  absl::Status s = m->PinForSlice();
   // The root is pinned by whoever slices it, so it is resident and this
-  // cannot fail for want of memory; if it did, the slice would alias freed
-  // memory, which is worse than stopping here.
+  // cannot fail for want of memory; if it did, the slice would alias memory
+  // that may move, which is worse than stopping here.
   CHECK(s.ok()) << "Large Model Support: a sliced tensor's buffer could not "
                 << "be kept in place: " << s;  // Crash OK
+}
+
+void MovableTensorBufferUtil::UnpinRootForSlice(TensorBuffer* root) {
+  // A movable root implies Enabled(), which never turns false again.
+  if (!Enabled()) return;
+  MovableTensorBuffer* m = MovableTensorBuffer::FromBuffer(root);
+  if (m != nullptr) m->UnpinForSlice();
 }
 
 ScopedTensorPins& ScopedTensorPins::operator=(

@@ -123,6 +123,11 @@ class MovableTensorBuffer final : public TensorBuffer {
   void Unpin();
   // Ends the creator's pin if it is still held (the creator is done).
   void ReleaseCreationPin();
+  // A slice's hold on its root: like Pin/Unpin, except that releasing it
+  // never ends the creator's pin (a kernel may slice its own output and drop
+  // the slice while it still writes the root).
+  absl::Status PinForSlice() { return Pin(); }
+  void UnpinForSlice();
   // For ScopedTensorPins::PinUnowned (see there). REQUIRES: the caller keeps
   // the buffer alive during the call (it holds the variable's lock).
   absl::Status PinUnowned();
@@ -176,9 +181,13 @@ class MovableTensorBufferUtil {
                                      int64_t num_elements,
                                      const AllocationAttributes& attr);
 
-  // For SubBuffer: a slice copies the root's address, so the root must stay.
-  // REQUIRES: the root is pinned (slicing happens while its bytes are used).
-  static void KeepRootInPlace(TensorBuffer* root);
+  // For SubBuffer: a slice copies the root's address, so the root stays
+  // pinned, in place, for as long as the slice lives; once every slice is gone
+  // it may move again. REQUIRES: the root is pinned when sliced (slicing
+  // happens while its bytes are used). Every PinRootForSlice is matched by
+  // one UnpinRootForSlice when the slice is destroyed.
+  static void PinRootForSlice(TensorBuffer* root);
+  static void UnpinRootForSlice(TensorBuffer* root);
 
  private:
   friend bool RegisterMovableAllocator(const Allocator*, MovableAllocator*);
