@@ -207,6 +207,26 @@ TEST(MovableTensorBufferTest, SlicingKeepsTheRootInPlace) {
   EXPECT_EQ(row.flat<int32_t>()(0), 4);
 }
 
+TEST(MovableTensorBufferTest, TheRootMovesAgainOnceItsSlicesAreGone) {
+  MovingAllocator a;
+  Tensor t(&a, DT_INT32, TensorShape({4, 2}));
+  for (int i = 0; i < 8; ++i) t.flat<int32_t>()(i) = i;
+  const void* root_at = t.data();
+  {
+    Tensor row = t.Slice(1, 2);
+    // The slice's unpin must not end the creator's pin: still in place.
+  }
+  EXPECT_EQ(t.data(), root_at);
+  {
+    ScopedTensorPins release_creation;
+    ASSERT_TRUE(release_creation.Pin(t).ok());
+  }
+  ScopedTensorPins pins;
+  ASSERT_TRUE(pins.Pin(t).ok());  // unpinned everywhere: the double moves it
+  EXPECT_NE(t.data(), root_at);
+  EXPECT_EQ(t.flat<int32_t>()(5), 5);
+}
+
 TEST(MovableTensorBufferTest, TemporariesFreedBeforeAnyConsumerAreReleased) {
   MovingAllocator a;
   {
