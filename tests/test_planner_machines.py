@@ -195,3 +195,13 @@ def test_results_flag_a_smaller_batch_that_fails_below_the_answer() -> None:
     assert "5.00x batch (uneven: fragmentation)" in results_markdown(res)
     study["overhead"] = []
     assert "(uneven" not in results_markdown(res)
+
+
+def test_largest_op_is_what_one_op_pins_at_once() -> None:
+    from tflms.planner.paper import largest_op_bytes
+
+    # A backward op of the chain pins the incoming gradient, its activation and weight, and
+    # creates the input gradient and the weight gradient: 3 activations and 2 weights.
+    plan = build_plan(chain_trace(layers=8, batch=4), GPU)
+    act, weight = 256 * 1024 * 4, 64 * 1024
+    assert largest_op_bytes(plan) == 3 * act + 2 * weight

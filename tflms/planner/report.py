@@ -128,7 +128,9 @@ def format_simulate(rep: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def format_max_batch(mb: dict[str, Any], what: str = "batch") -> str:
+def format_max_batch(
+    mb: dict[str, Any], what: str = "batch", machine: dict[str, Any] | None = None
+) -> str:
     ratio = mb.get("ratio") or mb.get("voxel_ratio")
     rtxt = f"{ratio:.2f}x" if ratio else "-"
     label = "voxels" if "voxel_ratio" in mb else "batch"
@@ -138,10 +140,12 @@ def format_max_batch(mb: dict[str, Any], what: str = "batch") -> str:
         f"host memory {format_bytes(mb['host_memory_bytes'])}): {mb['with_lms']} "
         f"({rtxt} the {label})"
     )
-    return text + "\n" + limit_sentence(mb, what)
+    return text + "\n" + limit_sentence(mb, what, machine)
 
 
-def limit_sentence(mb: dict[str, Any], what: str = "batch") -> str:
+def limit_sentence(
+    mb: dict[str, Any], what: str = "batch", machine: dict[str, Any] | None = None
+) -> str:
     """What stops the LMS search, and what more host memory would give."""
     by = mb.get("limited_by")
     if by == "gpu":
@@ -160,9 +164,11 @@ def limit_sentence(mb: dict[str, Any], what: str = "batch") -> str:
         h = more.get("host") or {}
         how = (
             f"TF_GPU_HOST_MEM_LIMIT_IN_MB={int(h['pool_limit_bytes'] / (1 << 20))}"
-            if h.get("bound_by", "").startswith("TF_")
+            if _raised(more, machine) == "limit"
             else f"{format_bytes(h.get('ram_bytes', 0))} of host RAM"
         )
+        if h.get("bound_by") and _raised(more, machine) == "limit" and h["bound_by"] == "host RAM":
+            how += ", where host RAM then binds"
         text += (
             f" With {more['factor']:g}x that ({format_bytes(more['host_memory_bytes'])}: {how}) "
             f"the largest {what} would be {more['with_lms']}."
@@ -227,7 +233,7 @@ def format_demo(demo: dict[str, Any]) -> str:
     ]
     for m in demo["machines"]:
         mb = demo["max_batch"][m["pairing"]]
-        lines += [machine_line(m), format_max_batch(mb), ""]
+        lines += [machine_line(m), format_max_batch(mb, machine=m), ""]
     lines += [
         "Predicted step time. Overhead: against the same GPU with unlimited memory. Roofline: "
         "max(compute, swapped bytes per direction / link bandwidth). Swap bound: the least any "
@@ -249,7 +255,15 @@ def _machine_label(m: dict[str, Any]) -> str:
     return f"{name}: {m['gpu']} {format_bytes(m['memory_bytes'])}, {m['link']}"
 
 
-def _limit_cell(mb: dict[str, Any], what: str) -> tuple[str, str]:
+def _raised(more: dict[str, Any], machine: dict[str, Any] | None) -> str:
+    """What the more-host search doubled: the binding quantity of the original host."""
+    raised = more.get("raised") or ((machine or {}).get("host") or {}).get("bound_by", "")
+    return "limit" if raised.startswith("TF_") else "RAM"
+
+
+def _limit_cell(
+    mb: dict[str, Any], what: str, machine: dict[str, Any] | None = None
+) -> tuple[str, str]:
     """(what stops the LMS search, the largest with more host memory)."""
     by = mb.get("limited_by", "-")
     more = mb.get("more_host")
@@ -257,11 +271,12 @@ def _limit_cell(mb: dict[str, Any], what: str) -> tuple[str, str]:
         return by.upper() if by == "gpu" else by, "-"
     if not more:
         return "HOST", "-"
-    h = more.get("host") or {}
-    knob = "limit" if h.get("bound_by", "").startswith("TF_") else "RAM"
+    knob = _raised(more, machine)
     value = f"{more['with_lms']}^3" if what == "size" else str(more["with_lms"])
     bigger = format_bytes(more["host_memory_bytes"])
-    return "HOST", f"{value} ({more['factor']:g}x the {knob}: {bigger} for LMS)"
+    then = (more.get("host") or {}).get("bound_by")
+    capped = ", RAM then binds" if knob == "limit" and then == "host RAM" else ""
+    return "HOST", f"{value} ({more['factor']:g}x the {knob}: {bigger} for LMS{capped})"
 
 
 def machines_markdown(studies: Sequence[dict[str, Any]]) -> list[str]:
@@ -317,8 +332,7 @@ def paper_markdown(paper: dict[str, Any]) -> list[str]:
         elif at.get("on_demand"):
             od, pf = at["on_demand"], at["prefetch"]
             cost = (
-                f"{pct(od.get('overhead'))} on-demand, {pct(pf.get('overhead'))} prefetch "
-                f"(opt-in)"
+                f"{pct(od.get('overhead'))} on-demand, {pct(pf.get('overhead'))} prefetch (opt-in)"
                 if od["fits"]
                 else "does not fit"
             )
@@ -329,7 +343,9 @@ def paper_markdown(paper: dict[str, Any]) -> list[str]:
         gain = r.get("planner_gain")
         unit = "voxels" if r["kind"] == "voxels" else "batch"
         planner = f"{gain:.2f}x {unit} ({r['planner']})" if gain else r["planner"]
-        rows.append([r["source"], r["model"], r["published"], planner, point, cost])
+        largest = at.get("largest_op_bytes")
+        op_txt = format_bytes(largest) if largest else "-"
+        rows.append([r["source"], r["model"], r["published"], planner, point, op_txt, cost])
     m = paper["machine"]
     return [
         "## Against the TFLMS papers",
@@ -337,10 +353,20 @@ def paper_markdown(paper: dict[str, Any]) -> list[str]:
         f"The published rows (docs reference: prior-art) next to the planner on {m['pairing']}",
         f"({m.get('description', '')}), the machine the TFLMS work ran on. *Step cost* is the",
         "predicted overhead at the published point (the published gain applied to the planner's",
-        "own largest size without LMS).",
+        "own largest size without LMS). *Largest op*: the most bytes one op pins at once",
+        f"there; where it exceeds the GPU's {format_bytes(m['memory_bytes'])}, no swapping",
+        "scheme that moves whole tensors can run the step.",
         "",
         table(
-            ["source", "model", "published", "planner", "at the published point", "step cost"],
+            [
+                "source",
+                "model",
+                "published",
+                "planner",
+                "at the published point",
+                "largest op",
+                "step cost",
+            ],
             rows,
             markdown=True,
         ),
@@ -430,7 +456,7 @@ def results_markdown(res: dict[str, Any]) -> str:
             ]
             if not mb.get("monotone", True) or below:
                 ratio += " (uneven: fragmentation)"
-            stop, more = _limit_cell(mb, "batch")
+            stop, more = _limit_cell(mb, "batch", m)
             summary_rows.append(
                 [s["model"], _machine_label(m), host, mb["without_lms"], mb["with_lms"], ratio,
                  stop, more]
@@ -438,7 +464,7 @@ def results_markdown(res: dict[str, Any]) -> str:
         else:
             ms = s["max_size"]
             ratio = f"{ms['voxel_ratio']:.2f}x voxels" if ms["voxel_ratio"] else "-"
-            stop, more = _limit_cell(ms, "size")
+            stop, more = _limit_cell(ms, "size", m)
             summary_rows.append(
                 [s["model"] + " (edge)", _machine_label(m), host, f"{ms['without_lms']}^3",
                  f"{ms['with_lms']}^3", ratio, stop, more]

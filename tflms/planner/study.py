@@ -114,6 +114,7 @@ def max_batch_per_machine(
                 )  # fmt: skip
                 mb["more_host"] = {
                     "factor": host_factor,
+                    "raised": m.host_side.bound_by,  # what was doubled: the limit or the RAM
                     "host_memory_bytes": bigger.host_memory,
                     "host": bigger.host_side.to_json() if bigger.host_side else None,
                     "with_lms": more["with_lms"],
