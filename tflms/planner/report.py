@@ -170,8 +170,8 @@ def limit_sentence(
         if h.get("bound_by") and _raised(more, machine) == "limit" and h["bound_by"] == "host RAM":
             how += ", where host RAM then binds"
         text += (
-            f" With {more['factor']:g}x that ({format_bytes(more['host_memory_bytes'])}: {how}) "
-            f"the largest {what} would be {more['with_lms']}."
+            f" With {how} ({format_bytes(more['host_memory_bytes'])} for LMS, "
+            f"{more['factor']:g}x) the largest {what} would be {more['with_lms']}."
         )
     return text
 
