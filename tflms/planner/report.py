@@ -508,8 +508,19 @@ def results_markdown(res: dict[str, Any]) -> str:
                 [s["model"] + " (edge)", _machine_label(m), host, f"{ms['without_lms']}^3",
                  f"{ms['with_lms']}^3", ratio, stop, more]
             )  # fmt: skip
+    searches = [(s, s.get("max_batch") or s.get("max_size") or {}) for s in studies]
+    host_bound = [
+        f"{s['model']} on {s['machine'].get('pairing') or s['machine']['gpu']}"
+        for s, mb in searches
+        if mb.get("limited_by") == "host"
+    ]
     lines += [
         "## Largest batch (input size for the 3D U-Net)",
+        "",
+        f"The host side, not the GPU, stops {len(host_bound)} of the {len(searches)} LMS "
+        f"searches ({', '.join(host_bound) or 'none'}): there, raising "
+        "`TF_GPU_HOST_MEM_LIMIT_IN_MB` or adding RAM, whichever binds, extends the batch "
+        "(*more host*). Elsewhere one op's working set on the GPU is the limit.",
         "",
         table(
             [
