@@ -205,3 +205,14 @@ def test_largest_op_is_what_one_op_pins_at_once() -> None:
     plan = build_plan(chain_trace(layers=8, batch=4), GPU)
     act, weight = 256 * 1024 * 4, 64 * 1024
     assert largest_op_bytes(plan) == 3 * act + 2 * weight
+
+
+def test_the_brats_style_unet_takes_four_channels_and_halves_four_times() -> None:
+    from tflms.trace.models import check_input_size, input_shape, label_shape, num_classes
+
+    assert input_shape("UNet3DBraTS", 128) == (128, 128, 128, 4)
+    assert label_shape("UNet3DBraTS", 128) == (128, 128, 128)
+    assert num_classes("UNet3DBraTS") == 4
+    assert input_shape("UNet3D", 64) == (64, 64, 64, 1) and input_shape("ResNet50", 224)[-1] == 3
+    with pytest.raises(ValueError, match="multiple of 16"):
+        check_input_size("UNet3DBraTS", 72)

@@ -59,6 +59,16 @@ PAPER_ROWS = (
     ),
 )  # fmt: skip
 
+# The 3D U-Net rows again with the model closer in width to the papers' BraTS network
+# (tflms/trace/models.py: 4 input channels, 16 base filters, 5 levels).
+PAPER_UNET_MODELS = ("UNet3D", "UNet3DBraTS")
+PAPER_ROWS = PAPER_ROWS + tuple(
+    dataclasses.replace(r, model=model)
+    for model in PAPER_UNET_MODELS[1:]
+    for r in PAPER_ROWS
+    if r.model == "UNet3D"
+)
+
 GetTrace = Callable[[str, int, "int | None"], "Trace"]
 
 
@@ -113,11 +123,16 @@ def run_paper_comparison(
     resnet = known.get("ResNet50", {}).get("max_batch")
     if resnet is None:
         resnet = max_batch(get_trace("ResNet50", 32, None), machine, steps=steps, rel_tol=0.01)
-    unet = known.get("UNet3D", {}).get("max_size")
-    if unet is None:
-        unet = max_size(
-            lambda size: get_trace("UNet3D", 1, size), machine, start_size=64, steps=steps
-        )
+    sizes: dict[str, dict[str, Any]] = {}
+
+    def size_search(model: str) -> dict[str, Any]:
+        if model not in sizes:
+            found = known.get(model, {}).get("max_size")
+            sizes[model] = found or max_size(
+                lambda size: get_trace(model, 1, size), machine, start_size=64, steps=steps
+            )
+        return sizes[model]
+
     rows = []
     for row in PAPER_ROWS:
         out: dict[str, Any] = dataclasses.asdict(row)
@@ -131,13 +146,14 @@ def run_paper_comparison(
                 trace = get_trace("ResNet50", 32, None).rescaled(target)
                 out["at_published_gain"].update(_step_cost(trace, machine, steps))
         elif row.kind == "voxels":
+            unet = size_search(row.model)
             out["planner_gain"] = unet["voxel_ratio"]
             out["planner"] = f"{unet['with_lms']}^3 / {unet['without_lms']}^3"
             if row.gain and unet["without_lms"]:
                 edge = unet["without_lms"] * row.gain ** (1 / 3)
                 size = max(SIZE_STEP, int(edge // SIZE_STEP) * SIZE_STEP)
                 out["at_published_gain"] = {"size": size, "fits": size <= unet["with_lms"]}
-                trace = get_trace("UNet3D", 1, size)
+                trace = get_trace(row.model, 1, size)
                 if size <= unet["with_lms"]:
                     out["at_published_gain"].update(_step_cost(trace, machine, steps))
                 else:
@@ -154,6 +170,7 @@ def run_paper_comparison(
     return {
         "machine": machine.to_json(),
         "resnet50": resnet,
-        "unet3d": unet,
+        "unet3d": sizes.get("UNet3D"),
+        "size_searches": sizes,
         "rows": rows,
     }

@@ -17,7 +17,8 @@ class ModelSpec:
     min_size: int
     # How many times the input edge must divide (pooling/striding levels that need exact halving).
     size_multiple: int = 1
-    volumetric: bool = False  # 3-D input (D, H, W, 1) and per-voxel labels
+    volumetric: bool = False  # 3-D input (D, H, W, C) and per-voxel labels
+    channels: int = 3  # input channels (volumetric models: C)
 
 
 _SPECS = (
@@ -39,7 +40,10 @@ _SPECS = (
     ModelSpec("EfficientNetB5", 456, 32),
     ModelSpec("EfficientNetB6", 528, 32),
     ModelSpec("EfficientNetB7", 600, 32),
-    ModelSpec("UNet3D", 64, 16, size_multiple=8, volumetric=True),
+    ModelSpec("UNet3D", 64, 16, size_multiple=8, volumetric=True, channels=1),
+    # Closer in width to the BraTS 3D U-Net the TFLMS papers trained (docs/results.md):
+    # four MRI channels in, 16 filters at full resolution, five levels.
+    ModelSpec("UNet3DBraTS", 64, 16, size_multiple=16, volumetric=True, channels=4),
 )
 
 MODEL_SPECS: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
@@ -48,6 +52,9 @@ MODEL_NAMES: tuple[str, ...] = tuple(spec.name for spec in _SPECS)
 UNET3D_CLASSES = 3
 UNET3D_BASE_FILTERS = 32
 UNET3D_LEVELS = 4
+BRATS_CLASSES = 4  # background and three tumour regions
+BRATS_BASE_FILTERS = 16
+BRATS_LEVELS = 5
 IMAGE_CLASSES = 1000
 
 
@@ -72,7 +79,7 @@ def check_input_size(name: str, input_size: int | None) -> int:
     if input_size % spec.size_multiple:
         raise ValueError(
             f"{spec.name} needs an input size that is a multiple of {spec.size_multiple} "
-            f"(it halves the volume {UNET3D_LEVELS - 1} times), got {input_size}"
+            f"(its levels halve the input), got {input_size}"
         )
     return input_size
 
@@ -81,8 +88,8 @@ def input_shape(name: str, input_size: int) -> tuple[int, ...]:
     """Shape of one example (no batch dimension), channels last."""
     spec = MODEL_SPECS[resolve_model_name(name)]
     if spec.volumetric:
-        return (input_size, input_size, input_size, 1)
-    return (input_size, input_size, 3)
+        return (input_size, input_size, input_size, spec.channels)
+    return (input_size, input_size, spec.channels)
 
 
 def label_shape(name: str, input_size: int) -> tuple[int, ...]:
@@ -94,7 +101,10 @@ def label_shape(name: str, input_size: int) -> tuple[int, ...]:
 
 
 def num_classes(name: str) -> int:
-    return UNET3D_CLASSES if MODEL_SPECS[resolve_model_name(name)].volumetric else IMAGE_CLASSES
+    canonical = resolve_model_name(name)
+    if canonical == "UNet3DBraTS":
+        return BRATS_CLASSES
+    return UNET3D_CLASSES if MODEL_SPECS[canonical].volumetric else IMAGE_CLASSES
 
 
 def build_model(name: str, input_size: int | None = None) -> Any:
@@ -103,6 +113,10 @@ def build_model(name: str, input_size: int | None = None) -> Any:
     size = check_input_size(canonical, input_size)
     if canonical == "UNet3D":
         return build_unet3d(size)
+    if canonical == "UNet3DBraTS":
+        return build_unet3d(
+            size, BRATS_CLASSES, BRATS_BASE_FILTERS, BRATS_LEVELS, channels=4, name="unet3d_brats"
+        )
     import keras
 
     constructor = getattr(keras.applications, canonical)
@@ -114,11 +128,14 @@ def build_unet3d(
     classes: int = UNET3D_CLASSES,
     base_filters: int = UNET3D_BASE_FILTERS,
     levels: int = UNET3D_LEVELS,
+    channels: int = 1,
+    name: str = "unet3d",
 ) -> Any:
     """A standard 3D U-Net (Cicek et al. 2016 shape): `levels` resolution levels, each two
     Conv3D(3x3x3) + BatchNorm + ReLU blocks; max-pooling down, transposed convolution up,
     skip connections by concatenation; a 1x1x1 convolution and softmax give `classes` per voxel.
-    Filters double per level from `base_filters`. Input: (D, H, W, 1) with D = H = W = input_size.
+    Filters double per level from `base_filters`. Input: (D, H, W, channels) with
+    D = H = W = input_size.
     """
     import keras
     from keras import layers
@@ -132,7 +149,7 @@ def build_unet3d(
             x = layers.ReLU(name=f"{prefix}_relu{i}")(x)
         return x
 
-    inputs = keras.Input(shape=(input_size, input_size, input_size, 1), name="volume")
+    inputs = keras.Input(shape=(input_size, input_size, input_size, channels), name="volume")
     x = inputs
     skips = []
     for level in range(levels - 1):
@@ -146,4 +163,4 @@ def build_unet3d(
         x = layers.Concatenate(name=f"up{level}_concat")([x, skips[level]])
         x = conv_block(x, filters, f"up{level}")
     outputs = layers.Conv3D(classes, 1, activation="softmax", name="classifier")(x)
-    return keras.Model(inputs, outputs, name="unet3d")
+    return keras.Model(inputs, outputs, name=name)
