@@ -116,14 +116,15 @@ def sliced(kind: str, row_floats: int = 65536) -> tuple[Trace, int]:
     return b.trace(), root
 
 
-def test_a_slice_is_a_view_whose_root_stays_in_place() -> None:
+def test_a_slice_is_a_view_whose_root_stays_in_place_while_it_lives() -> None:
     view_trace, root = sliced("Split")
     copy_trace, _ = sliced("Tile")  # same shapes, but a kernel that copies
     view, copy = build_plan(view_trace, GPU), build_plan(copy_trace, GPU)
     # The split allocates nothing: its outputs are views of the root, which lives until the
     # last view is read and is kept in place from the split on.
     assert view.outputs[1] == () and len(copy.outputs[1]) == 4
-    assert view.kept_in_place[1] == (root,)
+    # Pinned by the split while its views live: until the last view is read.
+    assert view.slice_pins[1] == (root,) and view.slice_unpins[-1] == (root,)
     assert root in view.frees[-1]
     # 1 MiB root + 3 MiB tensor on a 3.5 MiB GPU: the copy's root dies at the split, and
     # its rows can move; the view's root cannot, so there is no room for the large tensor.
@@ -138,7 +139,7 @@ def test_an_unaligned_slice_is_a_copy() -> None:
     # Rows of 13 floats (52 bytes) do not start aligned: TensorFlow copies them.
     trace, _ = sliced("Split", row_floats=13)
     plan = build_plan(trace, GPU)
-    assert len(plan.outputs[1]) == 4 and plan.kept_in_place[1] == ()
+    assert len(plan.outputs[1]) == 4 and plan.slice_pins[1] == ()
 
 
 def test_prefetch_is_not_credited_unless_asked_for() -> None:
@@ -150,3 +151,24 @@ def test_prefetch_is_not_credited_unless_asked_for() -> None:
     assert [r["label"] for r in report["lms"]] == ["LMS + on-demand"]
     assert report["lms"][0]["config"]["prefetch"] is False
     assert machine(4 * MIB).config().prefetch is False
+
+
+def test_a_root_moves_again_once_its_slices_are_gone() -> None:
+    # The root is split, its rows are read, then a large tensor needs the root's room
+    # before the root itself is read again: once the rows are dead it may go out.
+    b = Builder()
+    root = b.tensor(4 * 65536 * 4, shape=(4, 65536))
+    parts = [b.tensor(65536 * 4, shape=(1, 65536)) for _ in range(4)]
+    big = b.tensor(3 * MIB)
+    b.op("Fill", [], [root])
+    b.op("Split", [root], parts)
+    for p in parts:
+        b.op("Sum", [p], [])
+    b.op("Fill", [], [big])
+    b.op("Sum", [big], [])
+    b.op("Sum", [root], [])
+    plan = build_plan(b.trace(), GPU)
+    assert plan.slice_pins[1] == (root,) and plan.slice_unpins[5] == (root,)
+    r = replay(plan, GPU, machine(3 * MIB + 512 * 1024, host=64 * MIB).config(), steps=1)
+    assert r.fits, r.oom_message
+    assert r.d2h_bytes >= MIB and r.h2d_bytes >= MIB  # the root went out and came back

@@ -12,7 +12,7 @@ framework/movable_tensor_buffer.cc):
   when the creating kernel does: an output can be paged out before its first
   consumer runs;
 - a dim-0 slice is a view of its root buffer, which stays in place (pinned)
-  from then on until it is freed;
+  while the slice lives, and may move again once its slices are gone;
 - the tensors whose last use this was are freed.
 
 Persistent tensors (variables, optimizer slots) are allocated once before the
@@ -63,8 +63,10 @@ class StepPlan:
     # per op, (output, input): the output takes over the input's buffer in place
     forwards: list[tuple[tuple[int, int], ...]] = dataclasses.field(default_factory=list)
     sizes: dict[int, int] = dataclasses.field(default_factory=dict)
-    # per op, buffers a slice made unmovable there (held pinned until freed)
-    kept_in_place: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    # per op, roots its slices pin (one pin per slicing op) ...
+    slice_pins: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    # ... and per op, roots whose slices from one slicing op all died at that op
+    slice_unpins: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
 
     @property
     def compute_s(self) -> float:
@@ -100,8 +102,8 @@ NO_PIN_OPS = frozenset(
 )  # fmt: skip
 
 # Kernels that return a dim-0 slice of an input as a view (Tensor::Slice) when the slice
-# starts on an aligned row: the output shares the input's buffer, and the patch makes
-# that root buffer unmovable for the rest of its life (KeepRootInPlace).
+# starts on an aligned row: the output shares the input's buffer, and the patch pins that
+# root while the slice lives (PinRootForSlice / UnpinRootForSlice).
 SLICING_OPS = frozenset({"Slice", "StridedSlice", "Split", "SplitV", "Unpack"})
 # Eigen's largest alignment (EIGEN_MAX_ALIGN_BYTES): a row of a multiple of this size
 # starts aligned wherever the slice begins, so the kernel takes the view path.
@@ -134,7 +136,7 @@ def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan
     FORWARDING_OPS whose input dies at that op and has its output's size writes the
     output in place, as TensorFlow's kernels do: no allocation, one buffer fewer.
     Ops of NO_PIN_OPS pin nothing; a dim-0 slice (SLICING_OPS) is a view of its root,
-    which lives as long as its views and is kept in place from then on.
+    which lives as long as its views and is pinned while they live.
     """
     sizes = {t.id: int(t.bytes) for t in trace.tensors}
     infos = {t.id: t for t in trace.tensors}
@@ -142,9 +144,9 @@ def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan
     producer = {tid: i for i, op in enumerate(trace.ops) for tid in op.outputs}
     produced: set[int] = set()
     last_use: dict[int, int] = {}
-    # view -> the tensor whose buffer it shares; root -> the op that first slices it
+    # view -> the tensor whose buffer it shares; view -> the op that made it
     view_of: dict[int, int] = {}
-    kept_in_place_at: dict[int, int] = {}
+    sliced_at: dict[int, int] = {}
     for i, op in enumerate(trace.ops):
         for tid in op.inputs:
             if tid not in sizes:
@@ -173,7 +175,7 @@ def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan
             if root is not None:
                 root = view_of.get(root, root)
                 view_of[tid] = root
-                kept_in_place_at.setdefault(root, i)
+                sliced_at[tid] = i
     # A root's buffer lives until its last view is done with it.
     for view, root in view_of.items():
         if root in last_use or root in persistent_ids:
@@ -196,10 +198,19 @@ def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan
     outputs: list[tuple[tuple[int, int], ...]] = []
     forwards: list[tuple[tuple[int, int], ...]] = []
     kernel_s: list[float] = []
-    roots = set(kept_in_place_at)
-    keep: list[list[int]] = [[] for _ in trace.ops]
-    for root, i in kept_in_place_at.items():
-        keep[i].append(root)
+    # The patch pins a root while a slice of it lives (PinRootForSlice in SubBuffer's
+    # constructor, unpinned in its destructor): one pin per slicing op here, from that op
+    # to the last use of the views it made. Between and after slices the root may move.
+    roots = set(view_of.values())
+    pin_at: list[list[int]] = [[] for _ in trace.ops]
+    unpin_at: list[list[int]] = [[] for _ in trace.ops]
+    groups: dict[tuple[int, int], int] = {}  # (slicing op, root) -> last use of its views
+    for view, root in view_of.items():
+        key = (sliced_at[view], root)
+        groups[key] = max(groups.get(key, 0), last_use.get(view, sliced_at[view]))
+    for (i, root), end in groups.items():
+        pin_at[i].append(root)
+        unpin_at[end].append(root)
     for i, op in enumerate(trace.ops):
         pins = () if op.type in NO_PIN_OPS else op.inputs
         ins = tuple(dict.fromkeys(view_of.get(t, t) for t in pins if sizes[t] > 0))
@@ -235,7 +246,8 @@ def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan
         free_at_start=tuple(free_at_start),
         forwards=forwards,
         sizes={t: b for t, b in sizes.items() if b > 0 and t not in view_of},
-        kept_in_place=[tuple(k) for k in keep],
+        slice_pins=[tuple(k) for k in pin_at],
+        slice_unpins=[tuple(k) for k in unpin_at],
     )
 
 
@@ -478,7 +490,6 @@ def _replay(
     eng = make_engine(config, gpu)
     launch_s = gpu.launch_overhead_us * 1e-6
     bufs: dict[int, Any] = {}
-    held: set[int] = set()  # tensors whose buffer a slice keeps in place (pinned)
     result = ReplayResult(config=config, fits=True)
     op_name = "(persistent tensors)"
     try:
@@ -504,11 +515,9 @@ def _replay(
                 pinned = [bufs[t] for t in ins]
                 for b in pinned:
                     eng.pin(b)
-                for tid in plan.kept_in_place[i] if plan.kept_in_place else ():
-                    # Unmovable from now on: an extra pin held until the buffer is freed.
-                    if tid in bufs and tid not in held:
-                        eng.pin(bufs[tid])
-                        held.add(tid)
+                for tid in plan.slice_pins[i] if plan.slice_pins else ():
+                    # The slices alias the root's address: it stays put while they live.
+                    eng.pin(bufs[tid])
                 for out, src in plan.forwards[i]:
                     bufs[out] = bufs.pop(src)
                 for tid, nbytes in plan.outputs[i]:
@@ -532,10 +541,9 @@ def _replay(
                     )
                 for b in pinned:
                     eng.unpin(b)
+                for tid in plan.slice_unpins[i] if plan.slice_unpins else ():
+                    eng.unpin(bufs[tid])
                 for tid in plan.frees[i]:
-                    if tid in held:
-                        held.discard(tid)
-                        eng.unpin(bufs[tid])
                     eng.free(bufs.pop(tid))
                 if on_op is not None:
                     on_op()
