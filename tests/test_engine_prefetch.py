@@ -134,15 +134,45 @@ def run_two_function_steps(marking: str, steps: int = 5) -> tuple[dict[str, int]
 
 
 def test_steps_are_found_from_step_ids_alone() -> None:
-    # Inside TensorFlow nothing calls step_begin: the pin sites pass step ids. Both
-    # functions get prefetch hits, close to what explicit marking gives (here 56
-    # against 64: the apply function, 8 pins, is folded into the next step's
-    # recording, and lookahead stops at a step's end, so the cut falls elsewhere).
-    marked, _ = run_two_function_steps("step_begin")
-    found, found_hits = run_two_function_steps("step_ids")
+    # Inside TensorFlow nothing calls step_begin: the pin sites pass step ids. The
+    # apply function (8 pins) and the eager op are too small to be steps of their
+    # own; the next gradient function's id is confirmed as a new step after 16 pins
+    # in a row and its step starts, retroactively, at its first pin. Once learnt,
+    # each function gets as many prefetch hits as with explicit marking.
+    marked, marked_hits = run_two_function_steps("step_begin", steps=6)
+    found, found_hits = run_two_function_steps("step_ids", steps=6)
     assert marked["prefetch_hits"] > 0
-    assert all(h > 0 for h in found_hits), found_hits
-    assert found["prefetch_hits"] >= 0.8 * marked["prefetch_hits"]
+    assert found_hits == marked_hits, (found_hits, marked_hits)
+    # Learning takes longer (a step is confirmed late, and the order is trusted
+    # only after 16 pins were found in it).
+    assert found["prefetch_hits"] >= 0.7 * marked["prefetch_hits"]
+
+
+def test_an_order_that_does_not_repeat_is_not_followed() -> None:
+    # Every step allocates and pins in a new order (as loop iterations running in
+    # parallel do): the learned order is never trusted, so nothing is prefetched
+    # and victims are chosen by LRU, as without prefetch.
+    import random
+
+    def run(prefetch: bool) -> dict[str, int]:
+        eng = modelled_engine(prefetch)
+        rng = random.Random(7)
+        for _ in range(6):
+            eng.step_begin()
+            acts = []
+            for _ in range(24):
+                acts.append(eng.allocate(4 * MiB, pinned=True))
+                eng.unpin(acts[-1])
+            rng.shuffle(acts)
+            for a in acts:
+                eng.pin(a)
+                eng.unpin(a)
+                eng.free(a)
+        return eng.stats()
+
+    with_prefetch, without = run(True), run(False)
+    assert with_prefetch["num_prefetches"] == 0
+    assert with_prefetch["num_page_ins"] == without["num_page_ins"]
 
 
 def test_step_ids_without_enough_pins_do_not_end_a_step() -> None:

@@ -163,6 +163,10 @@ class Engine::Impl {
   // ---- prefetch.cc ----
   void StepBegin();
   void StepBeginLocked();
+  // Ends the step being recorded at recording[index]: what was pinned from
+  // there on, and the buffers allocated from ordinal `ordinal_base` on,
+  // belong to the new step.
+  void SplitStepLocked(size_t index, int64_t ordinal_base);
   void NoteStepId(int64_t step_id);
   // Makes library[index] the order this step follows.
   void FollowRecording(size_t index);
@@ -175,6 +179,15 @@ class Engine::Impl {
   // cursor; SIZE_MAX when it is not pinned again this step or nothing is
   // learned yet.
   size_t NextUse(const Buffer* b) const;
+  // Whether pins follow the learned order closely enough (at least half of
+  // the last pins, 16 or more, were found in it) to let it choose victims
+  // and prefetch; otherwise the engine falls back to LRU and on-demand.
+  bool FollowingLearnedOrder() const;
+  // Whether the kernel pinning now runs under a step id that may begin the
+  // next step; its pins are then matched as that step's (prefetch.cc).
+  bool InCandidateStep() const;
+  // The key under which `b` is matched against the learned order now.
+  int64_t MatchKey(const Buffer* b) const;
 
   // ---- fixed_address.cc ----
   // Reserves the virtual range and sets up the page table (Init).
@@ -342,10 +355,22 @@ class Engine::Impl {
     // learned positions of each key, ascending (built when chosen)
     std::unordered_map<int64_t, std::vector<size_t>> positions;
     size_t cursor = 0;
-    // Step ids seen at the pin sites (NoteStepId).
+    // Step ids seen at the pin sites (NoteStepId): the id of the last kernel,
+    // the id of the step being recorded, and a new id that may begin the
+    // next step (with where it first appeared and its pins since).
     bool has_step_id = false;
     int64_t step_id = 0;
-    size_t id_pins = 0;  // pins recorded under step_id
+    int64_t dominant_id = 0;
+    bool has_candidate = false;
+    int64_t candidate_id = 0;
+    size_t candidate_pins = 0;
+    size_t candidate_index = 0;
+    int64_t candidate_ordinal = 0;
+    size_t candidate_cursor = 0;  // its position in `learned`
+    // Whether each of the last (up to 64) pins was found in `learned`, the
+    // newest in the lowest bit.
+    uint64_t found_bits = 0;
+    int found_history = 0;
     std::unordered_map<int64_t, Buffer*> by_ordinal;  // this step's buffers
     size_t inflight_bytes = 0;  // prefetched, not yet pinned
   } prefetch_;

@@ -312,7 +312,7 @@ std::vector<Buffer*> Engine::Impl::ChoosePageVictims(size_t deficit,
                                                      size_t lo, size_t hi,
                                                      size_t protect_until,
                                                      size_t max_victims) {
-  const bool learned = options_.prefetch_enabled && !prefetch_.learned.empty();
+  const bool learned = FollowingLearnedOrder();
   // Pages each victim would free, given the victims chosen before it.
   std::unordered_map<size_t, int32_t> dec;
   auto gain_of = [&](const Buffer* b) {

@@ -19,11 +19,14 @@
 // Steps inside TensorFlow: nothing calls StepBegin there; every kernel's
 // pin site passes its context's step id (NoteStepId). Every tf.function call
 // gets a new id, and so does every eager op, while functional control flow
-// (While, If, nested calls) runs under its caller's. A change of id ends a
-// step only if the id that ends had at least kMinStepPins pins: eager ops
-// and small functions between steps are folded into the next step's
-// recording (their pins then repeat with it, or cost a resync), however many
-// of them run in a row.
+// (While, If, nested calls) runs under its caller's. Kernels of other ids
+// interleave with a step's (an input pipeline's functions, a callback's eager
+// ops), so a new id does not end the step at once: it becomes the candidate,
+// and only once kMinStepPins of its pins came in a row (no pin of the step's
+// own id between them) does the next step begin, retroactively at the
+// candidate's first pin. The pins and allocations since then move over to the
+// new step, keys renumbered. A return to the step's id drops the candidate;
+// eager ops and small functions between steps stay in the step before.
 // A step of several functions (each its own id, e.g. a custom loop calling a
 // gradient function and then an apply function) yields one recording per
 // function; the last kLibrarySize recordings are kept and each step follows
@@ -48,6 +51,10 @@ constexpr size_t kResyncWindow = 64;
 constexpr size_t kMinStepPins = 16;
 // Recordings kept to choose from (functions per step, times two).
 constexpr size_t kLibrarySize = 4;
+// Pins looked back on before the learned order is trusted: where steps do
+// not repeat (loop iterations that run in parallel allocate in a different
+// order each time) following it would evict what is needed next.
+constexpr int kTrustPins = 16;
 }  // namespace
 
 int64_t PrefetchKey(const Buffer* b) {
@@ -62,12 +69,22 @@ void Engine::Impl::StepBegin() {
 void Engine::Impl::NoteStepId(int64_t step_id) {
   std::lock_guard<std::mutex> lock(mu_);
   PrefetchState& p = prefetch_;
-  if (p.has_step_id && p.step_id == step_id) return;
-  const bool boundary = p.has_step_id && p.id_pins >= kMinStepPins;
-  p.has_step_id = true;
   p.step_id = step_id;
-  p.id_pins = 0;
-  if (boundary) StepBeginLocked();
+  if (!p.has_step_id) {
+    p.has_step_id = true;
+    p.dominant_id = step_id;
+    return;
+  }
+  if (step_id == p.dominant_id) {
+    p.has_candidate = false;  // an interruption, not a new step
+  } else if (!p.has_candidate || step_id != p.candidate_id) {
+    p.has_candidate = true;
+    p.candidate_id = step_id;
+    p.candidate_pins = 0;
+    p.candidate_index = p.recording.size();
+    p.candidate_ordinal = p.next_ordinal;
+    p.candidate_cursor = 0;
+  }
 }
 
 void Engine::Impl::FollowRecording(size_t index) {
@@ -80,7 +97,40 @@ void Engine::Impl::FollowRecording(size_t index) {
 }
 
 void Engine::Impl::StepBeginLocked() {
+  SplitStepLocked(prefetch_.recording.size(), prefetch_.next_ordinal);
+}
+
+void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
   PrefetchState& p = prefetch_;
+  // What the new step already pinned and allocated moves over to it: its
+  // keys and its buffers' ordinals count from ordinal_base; buffers of the
+  // finished step that are still alive are long-lived from here on, known
+  // by id.
+  std::unordered_map<int64_t, Buffer*> moved;
+  for (auto& entry : p.by_ordinal) {
+    Buffer* b = entry.second;
+    if (entry.first >= ordinal_base) {
+      b->step_ordinal = entry.first - ordinal_base;
+      b->step_created = p.step + 1;
+      moved[b->step_ordinal] = b;
+    } else {
+      b->step_ordinal = -1;
+    }
+  }
+  std::vector<int64_t> tail;
+  for (size_t i = index; i < p.recording.size(); ++i) {
+    const int64_t k = p.recording[i];
+    if (k < 0) {
+      tail.push_back(k);
+    } else if (k >= ordinal_base) {
+      tail.push_back(k - ordinal_base);
+    } else {
+      // A buffer freed since has no key worth learning: it cannot recur.
+      auto it = p.by_ordinal.find(k);
+      if (it != p.by_ordinal.end()) tail.push_back(-it->second->id);
+    }
+  }
+  p.recording.resize(index);
   if (!p.recording.empty()) {
     if (p.library.size() == kLibrarySize) p.library.erase(p.library.begin());
     p.library.push_back(std::move(p.recording));
@@ -88,21 +138,41 @@ void Engine::Impl::StepBeginLocked() {
     FollowRecording(p.library.size() - 1);
     p.choosing = p.library.size() > 1;
   }
-  p.recording.clear();
+  p.recording = std::move(tail);
   p.cursor = 0;
   ++p.step;
-  p.next_ordinal = 0;
-  // Buffers of the finished step that are still alive are now long-lived:
-  // from here on they are known by id.
-  for (auto& entry : p.by_ordinal) entry.second->step_ordinal = -1;
-  p.by_ordinal.clear();
+  p.next_ordinal -= ordinal_base;
+  p.by_ordinal = std::move(moved);
+}
+
+bool Engine::Impl::FollowingLearnedOrder() const {
+  const PrefetchState& p = prefetch_;
+  if (!options_.prefetch_enabled || p.learned.empty()) return false;
+  if (p.found_history < kTrustPins) return false;
+  const int found = __builtin_popcountll(p.found_bits);
+  return 2 * found >= p.found_history;
+}
+
+bool Engine::Impl::InCandidateStep() const {
+  const PrefetchState& p = prefetch_;
+  return p.has_candidate && p.step_id == p.candidate_id;
+}
+
+int64_t Engine::Impl::MatchKey(const Buffer* b) const {
+  const int64_t key = PrefetchKey(b);
+  if (!InCandidateStep() || key < 0) return key;
+  // As it will be keyed once the candidate step is confirmed.
+  return key >= prefetch_.candidate_ordinal ? key - prefetch_.candidate_ordinal
+                                            : -b->id;
 }
 
 size_t Engine::Impl::NextUse(const Buffer* b) const {
-  auto it = prefetch_.positions.find(PrefetchKey(b));
+  auto it = prefetch_.positions.find(MatchKey(b));
   if (it == prefetch_.positions.end()) return SIZE_MAX;
   const std::vector<size_t>& pos = it->second;
-  auto next = std::lower_bound(pos.begin(), pos.end(), prefetch_.cursor);
+  const size_t cursor =
+      InCandidateStep() ? prefetch_.candidate_cursor : prefetch_.cursor;
+  auto next = std::lower_bound(pos.begin(), pos.end(), cursor);
   return next == pos.end() ? SIZE_MAX : *next;
 }
 
@@ -116,9 +186,26 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
   PrefetchState& p = prefetch_;
   const int64_t key = PrefetchKey(b);
   p.recording.push_back(key);
-  ++p.id_pins;
+  if (p.has_candidate && p.step_id == p.candidate_id &&
+      ++p.candidate_pins >= kMinStepPins) {
+    // A new step id that pinned enough in a row: its step began where the id
+    // first appeared.
+    p.has_candidate = false;
+    p.dominant_id = p.candidate_id;
+    const size_t reached = p.candidate_cursor;
+    SplitStepLocked(p.candidate_index, p.candidate_ordinal);
+    p.cursor = reached;
+    p.choosing = false;
+  }
   std::vector<Buffer*> plan;
-  if (p.choosing) {
+  // Pins of a candidate step are matched, until it is confirmed or dropped,
+  // as if it had begun where it first appeared: its own cursor, and ordinals
+  // counted from its first allocation (older buffers by id, as they will be).
+  const bool in_candidate = InCandidateStep();
+  const int64_t offset = in_candidate ? p.candidate_ordinal : 0;
+  const int64_t match_key = MatchKey(b);
+  size_t& cursor = in_candidate ? p.candidate_cursor : p.cursor;
+  if (p.choosing && !in_candidate) {
     // The recording in which this pin comes earliest (the newest on a tie)
     // is the order this step follows.
     size_t best = SIZE_MAX, best_at = kResyncWindow;
@@ -141,27 +228,29 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
     }
   }
   if (p.learned.empty()) return plan;
-  const size_t end = std::min(p.learned.size(), p.cursor + kResyncWindow);
+  const size_t end = std::min(p.learned.size(), cursor + kResyncWindow);
   bool found = false;
-  for (size_t i = p.cursor; i < end; ++i) {
-    if (p.learned[i] == key) {
-      p.cursor = i + 1;
+  for (size_t i = cursor; i < end; ++i) {
+    if (p.learned[i] == match_key) {
+      cursor = i + 1;
       found = true;
       break;
     }
   }
-  if (!found) return plan;
+  p.found_bits = (p.found_bits << 1) | (found ? 1 : 0);
+  p.found_history = std::min(p.found_history + 1, 64);
+  if (!found || !FollowingLearnedOrder()) return plan;
   size_t budget_left = options_.prefetch_budget_bytes > p.inflight_bytes
                            ? options_.prefetch_budget_bytes - p.inflight_bytes
                            : 0;
   const size_t stop =
       std::min(p.learned.size(),
-               p.cursor + static_cast<size_t>(options_.prefetch_lookahead));
-  for (size_t i = p.cursor; i < stop; ++i) {
+               cursor + static_cast<size_t>(options_.prefetch_lookahead));
+  for (size_t i = cursor; i < stop; ++i) {
     const int64_t k = p.learned[i];
     Buffer* next = nullptr;
     if (k >= 0) {
-      auto it = p.by_ordinal.find(k);
+      auto it = p.by_ordinal.find(k + offset);
       if (it != p.by_ordinal.end()) next = it->second;
     } else {
       auto it = by_id_.find(-k);

@@ -32,7 +32,7 @@ std::vector<Buffer*> Engine::Impl::ChooseSingleVictim(size_t rounded,
   // With one: among fitting buffers, the one pinned again furthest in the
   // future (Belady's choice), so a large request does not evict a tensor the
   // next few ops need; a buffer never pinned again this step wins at once.
-  const bool learned = options_.prefetch_enabled && !prefetch_.learned.empty();
+  const bool learned = FollowingLearnedOrder();
   const size_t in_use = arena_->bytes_in_use();
   Buffer* best = nullptr;
   size_t best_next = 0;
