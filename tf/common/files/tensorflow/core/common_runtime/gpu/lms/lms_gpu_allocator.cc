@@ -80,9 +80,9 @@ bool GarbageCollection() {
 
 // TF_LMS_PREFETCH (default false): page in the next tensors of the learnt
 // step order ahead of use. The engine learns steps from the step ids the pin
-// sites pass. Off by default: under real TensorFlow (tflms.tfcpu) a Keras
-// step runs under several interleaved step ids and its tensors are rarely
-// recognised from one step to the next, so prefetch did not yet win there.
+// sites pass. Off by default: under real TensorFlow (tflms.tfcpu) it keeps
+// values bit-identical but has not yet been shown to page in less than on
+// demand (docs/how-it-works.md, Prefetch, has the measurement).
 bool PrefetchEnabled() {
   bool enabled = false;
   absl::Status s = tsl::ReadBoolFromEnvVar("TF_LMS_PREFETCH",
