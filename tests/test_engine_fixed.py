@@ -117,3 +117,33 @@ def test_inactive_neighbours_sharing_pages_are_evicted_together() -> None:
         assert buf.read() == bytes([i + 1]) * buf.nbytes
     for buf in (head, big, *row):
         eng.free(buf)
+
+
+def test_map_and_unmap_cost_modelled_host_time() -> None:
+    # The planner's assumption for driver calls: each mapped or unmapped page costs
+    # the host thread the stated time, and nothing else changes.
+    def run(map_us: float, unmap_us: float) -> tuple[float, dict[str, int]]:
+        eng = tflms.Engine(
+            device_memory=8 * PAGE,
+            host_memory=64 * MiB,
+            fixed_addresses=True,
+            page_size=PAGE,
+            store_data=False,
+            map_us_per_page=map_us,
+            unmap_us_per_page=unmap_us,
+        )
+        for _ in range(12):
+            eng.allocate(2 * PAGE)
+        eng.synchronize()
+        return eng.timeline()["host_time"], eng.stats()
+
+    free_time, free_stats = run(0.0, 0.0)
+    costly_time, costly_stats = run(20.0, 30.0)
+    assert costly_stats["num_pages_mapped"] == free_stats["num_pages_mapped"] > 0
+    assert costly_stats["num_pages_unmapped"] == free_stats["num_pages_unmapped"] > 0
+    expected = 20e-6 * free_stats["num_pages_mapped"] + 30e-6 * free_stats["num_pages_unmapped"]
+    assert costly_time - free_time == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(ValueError, match="map_us_per_page"):
+        tflms.Engine(
+            device_memory=8 * PAGE, fixed_addresses=True, page_size=PAGE, map_us_per_page=-1
+        )

@@ -55,6 +55,8 @@ class Engine:
         fixed_addresses: bool = False,
         page_size: int = 2 << 20,
         virtual_address_bytes: int = 0,
+        map_us_per_page: float = 0.0,
+        unmap_us_per_page: float = 0.0,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -99,6 +101,8 @@ class Engine:
             fixed_addresses=fixed_addresses,
             page_size=page_size,
             virtual_address_bytes=virtual_address_bytes,
+            map_us_per_page=map_us_per_page,
+            unmap_us_per_page=unmap_us_per_page,
         )
         self.device_memory = device_memory
         self.host_memory = host_memory

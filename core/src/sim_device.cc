@@ -329,6 +329,9 @@ Status SimDevice::MapPages(void* addr, size_t bytes) {
   }
   for (size_t i = lo; i < lo + n; ++i) vm_mapped_[i] = 1;
   vm_mapped_pages_ += n;
+  if (options_.map_seconds_per_page > 0) {
+    HostAdvance(static_cast<double>(n) * options_.map_seconds_per_page);
+  }
   return Status::Ok();
 }
 
@@ -354,6 +357,9 @@ Status SimDevice::UnmapPages(void* addr, size_t bytes) {
   }
   for (size_t i = lo; i < lo + n; ++i) vm_mapped_[i] = 0;
   vm_mapped_pages_ -= n;
+  if (options_.unmap_seconds_per_page > 0) {
+    HostAdvance(static_cast<double>(n) * options_.unmap_seconds_per_page);
+  }
   return Status::Ok();
 }
 

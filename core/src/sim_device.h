@@ -58,6 +58,11 @@ struct SimOptions {
   double link_bytes_per_second = 24e9;    // host link, each direction
   double link_latency_seconds = 10e-6;    // per copy
   double device_bytes_per_second = 1.5e12;  // device-to-device copies
+  // Modelled host time of MapPages / UnmapPages per page: driver calls
+  // (cuMemMap + cuMemSetAccess, cuMemUnmap) that block the calling thread.
+  // 0 = free; the planner states what it assumes until a GPU measures it.
+  double map_seconds_per_page = 0;
+  double unmap_seconds_per_page = 0;
 };
 
 struct SimTimeline {

@@ -129,7 +129,8 @@ class PyEngine {
            bool allow_growth, int64_t lms_limit, bool store_data,
            double link_gbps, double link_latency_us, double device_gbps,
            bool verify_moves, bool fixed_addresses, int64_t page_size,
-           int64_t virtual_address_bytes) {
+           int64_t virtual_address_bytes, double map_us_per_page,
+           double unmap_us_per_page) {
     if (device_memory <= 0) {
       throw py::value_error("device_memory must be a positive byte count");
     }
@@ -152,6 +153,11 @@ class PyEngine {
     sim.link_bytes_per_second = link_gbps * 1e9;
     sim.link_latency_seconds = link_latency_us * 1e-6;
     sim.device_bytes_per_second = device_gbps * 1e9;
+    if (map_us_per_page < 0 || unmap_us_per_page < 0) {
+      throw py::value_error("map_us_per_page and unmap_us_per_page must be >= 0");
+    }
+    sim.map_seconds_per_page = map_us_per_page * 1e-6;
+    sim.unmap_seconds_per_page = unmap_us_per_page * 1e-6;
     EngineOptions opt;
     opt.name = "sim:0";
     opt.memory_limit = static_cast<size_t>(device_memory);
@@ -337,7 +343,7 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<int64_t, int64_t, bool, bool, bool, int64_t, int, bool,
                     int64_t, bool, double, double, double, bool, bool, int64_t,
-                    int64_t>(),
+                    int64_t, double, double>(),
            py::arg("device_memory"), py::arg("host_memory"), py::arg("lms"),
            py::arg("defrag"), py::arg("prefetch"), py::arg("prefetch_budget"),
            py::arg("prefetch_lookahead"), py::arg("allow_growth"),
@@ -345,7 +351,9 @@ PYBIND11_MODULE(_core, m) {
            py::arg("link_latency_us"), py::arg("device_gbps"),
            py::arg("verify_moves"), py::arg("fixed_addresses") = false,
            py::arg("page_size") = int64_t{2} << 20,
-           py::arg("virtual_address_bytes") = 0)
+           py::arg("virtual_address_bytes") = 0,
+           py::arg("map_us_per_page") = 0.0,
+           py::arg("unmap_us_per_page") = 0.0)
       .def("allocate", &PyEngine::Allocate, py::arg("nbytes"),
            py::arg("pinned") = false)
       .def("free", &PyEngine::Free)

@@ -79,6 +79,22 @@ def add_parsers(sub: Any) -> None:
         "--no-prefetch", action="store_true", help="page in on demand only (the default)"
     )
     eng.add_argument("--defrag", action="store_true", help="enable defragmentation")
+    eng.add_argument(
+        "--fixed-addresses",
+        action="store_true",
+        help="the add-on's mode for the stock TensorFlow wheel: addresses fixed, 2 MiB "
+        "pages mapped and unmapped behind them (map/unmap cost: --map-us/--unmap-us)",
+    )
+    eng.add_argument(
+        "--map-us",
+        type=float,
+        help="assumed host time per page mapped, in microseconds (default 20, not measured)",
+    )
+    eng.add_argument(
+        "--unmap-us",
+        type=float,
+        help="assumed host time per page unmapped, in microseconds (default 20, not measured)",
+    )
     eng.add_argument("--steps", type=int, default=2, help="steps replayed; the last is measured")
     eng.add_argument(
         "--prefetch-lookahead", type=int, default=256, help="pins prefetch looks ahead (256)"
@@ -182,7 +198,7 @@ def _engine_ready() -> str | None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from tflms.planner import gpu as gpus
-    from tflms.planner.simulate import max_batch, max_size, simulate_step
+    from tflms.planner.simulate import FixedPages, max_batch, max_size, simulate_step
 
     if bool(args.trace) == bool(args.model):
         return _fail("give a trace file or --model NAME (one of them)")
@@ -213,6 +229,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     machine = dataclasses.replace(
         machine, prefetch_lookahead=args.prefetch_lookahead, prefetch_budget=budget
     )
+    if (args.map_us is not None or args.unmap_us is not None) and not args.fixed_addresses:
+        return _fail("--map-us and --unmap-us apply to --fixed-addresses only")
+    if args.fixed_addresses:
+        costs = {
+            k: v
+            for k, v in (("map_us_per_page", args.map_us), ("unmap_us_per_page", args.unmap_us))
+            if v is not None
+        }
+        if any(v < 0 for v in costs.values()):
+            return _fail("--map-us and --unmap-us must be 0 or more")
+        if args.defrag:
+            return _fail("--defrag does nothing with --fixed-addresses: no buffer moves")
+        machine = dataclasses.replace(machine, fixed=FixedPages(**costs))
     progress = not args.no_progress and sys.stderr.isatty()
 
     try:

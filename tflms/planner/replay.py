@@ -321,11 +321,17 @@ class EngineConfig:
     # TensorFlow's default (allow_growth off) takes the GPU's memory as one region up
     # front; with growth on, free space split across regions cannot coalesce.
     allow_growth: bool = False
+    # The add-on's mode (tflms.addon on the stock wheel): addresses fixed, pages of
+    # `page_size` mapped and unmapped behind them at an assumed host cost per page.
+    fixed_addresses: bool = False
+    page_size: int = 2 << 20
+    map_us_per_page: float = 0.0
+    unmap_us_per_page: float = 0.0
 
     @property
     def patch_default(self) -> bool:
         """True when this is what the patched TensorFlow does by default (no prefetch)."""
-        return not (self.lms and self.prefetch)
+        return not (self.lms and self.prefetch) and not self.fixed_addresses
 
     def label(self) -> str:
         if not self.lms:
@@ -333,6 +339,8 @@ class EngineConfig:
         parts = ["LMS", PREFETCH_LABEL if self.prefetch else "on-demand"]
         if self.defrag:
             parts.append("defrag")
+        if self.fixed_addresses:
+            parts.append(f"fixed addresses ({self.page_size >> 20} MiB pages)")
         return " + ".join(parts)
 
 
@@ -432,6 +440,14 @@ def make_engine(config: EngineConfig, gpu: GpuModel) -> Any:
         link_gbps=config.link_gbps,
         link_latency_us=config.link_latency_us,
         device_gbps=gpu.device_copy_gbps,
+        fixed_addresses=config.fixed_addresses,
+        page_size=config.page_size,
+        # The virtual range holds resident and evicted buffers alike.
+        virtual_address_bytes=config.device_memory + config.host_memory
+        if config.fixed_addresses
+        else 0,
+        map_us_per_page=config.map_us_per_page,
+        unmap_us_per_page=config.unmap_us_per_page,
     )
 
 

@@ -29,6 +29,25 @@ if TYPE_CHECKING:
 
 # Input sizes of 3D models are searched in multiples of this (U-Net pooling depth).
 SIZE_STEP = 16
+# Assumed host time per 2 MiB page of the add-on's fixed-address mode: one map is a
+# cuMemMap plus a cuMemSetAccess, one unmap a cuMemUnmap. Not measured (no GPU here):
+# an order of magnitude for driver calls that change page tables, to be replaced by a
+# measurement.
+ASSUMED_MAP_US = 20.0
+ASSUMED_UNMAP_US = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedPages:
+    """Fixed-address mode as the add-on runs it: pages behind fixed addresses.
+
+    The map and unmap costs are assumptions (host time per page of driver calls:
+    cuMemMap + cuMemSetAccess, cuMemUnmap) until a GPU measures them.
+    """
+
+    page_size: int = 2 << 20  # CUDA's mapping granularity
+    map_us_per_page: float = ASSUMED_MAP_US
+    unmap_us_per_page: float = ASSUMED_UNMAP_US
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +70,8 @@ class Machine:
     host_side: HostSide | None = None
     pairing: str | None = None
     what_if: tuple[str, ...] = ()
+    # The add-on's fixed-address mode (None: the patch's mode, buffers move).
+    fixed: FixedPages | None = None
 
     @classmethod
     def from_pairing(cls, pairing: Pairing, host: HostSide | None = None) -> Machine:
@@ -82,6 +103,16 @@ class Machine:
             defrag=defrag,
             prefetch_lookahead=self.prefetch_lookahead,
             prefetch_budget=self.prefetch_budget,
+            **(
+                {
+                    "fixed_addresses": True,
+                    "page_size": self.fixed.page_size,
+                    "map_us_per_page": self.fixed.map_us_per_page,
+                    "unmap_us_per_page": self.fixed.unmap_us_per_page,
+                }
+                if self.fixed is not None
+                else {}
+            ),
         )
 
     def on_link(self, link_name: str, link_gbps: float) -> Machine:
