@@ -65,6 +65,8 @@ Engine::Impl::~Impl() {
     b = next;
   }
   all_head_ = nullptr;
+  for (Buffer* b : spare_buffers_) delete b;
+  spare_buffers_.clear();
   by_id_.clear();
   if (fixed_ && vbase_ != nullptr) {
     // Queued work may still touch mapped pages: let every stream drain
@@ -315,15 +317,15 @@ Buffer* Engine::Impl::AllocateBuffer(size_t bytes, bool pinned,
     return nullptr;
   }
   if (RejectLargerThanDevice(bytes, status)) return nullptr;
-  auto* b = new Buffer();
+  std::unique_lock<std::mutex> lock(mu_);
+  Buffer* b = NewBufferLocked();
   b->size = bytes;
   b->pin_count = pinned ? 1 : 0;
-  std::unique_lock<std::mutex> lock(mu_);
   b->id = next_buffer_id_++;
   BfcArena::ChunkHandle h =
       AllocateChunk(lock, bytes, b, AllocSource::kFullReclaim, status);
   if (h == BfcArena::kInvalidChunk) {
-    delete b;
+    RecycleBufferLocked(b);
     return nullptr;
   }
   b->chunk = h;
@@ -395,7 +397,38 @@ void Engine::Impl::DestroyBufferLocked(Buffer* b) {
   }
   ForgetBufferForPrefetch(b);
   UntrackBuffer(b);
-  delete b;
+  RecycleBufferLocked(b);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TFLMS_RECYCLE_BUFFERS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TFLMS_RECYCLE_BUFFERS 0
+#endif
+#endif
+#ifndef TFLMS_RECYCLE_BUFFERS
+#define TFLMS_RECYCLE_BUFFERS 1
+#endif
+
+Buffer* Engine::Impl::NewBufferLocked() {
+  if (TFLMS_RECYCLE_BUFFERS && !spare_buffers_.empty()) {
+    Buffer* b = spare_buffers_.back();
+    spare_buffers_.pop_back();
+    return b;
+  }
+  return new Buffer();
+}
+
+void Engine::Impl::RecycleBufferLocked(Buffer* b) {
+  // Bounded: a burst of frees must not pin its peak of Buffer objects.
+  constexpr size_t kMaxSpareBuffers = 4096;
+  if (!TFLMS_RECYCLE_BUFFERS || spare_buffers_.size() >= kMaxSpareBuffers) {
+    delete b;
+    return;
+  }
+  *b = Buffer();  // drops its events; every field as new
+  spare_buffers_.push_back(b);
 }
 
 Status Engine::Impl::FreeBuffer(Buffer* b) {
