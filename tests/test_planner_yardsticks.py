@@ -1,0 +1,268 @@
+"""The planner's yardsticks: LB2 (a lower bound on any swapping schedule) and Ideal (an
+achievable offline schedule), on hand-made plans whose answers are worked out by hand, on random
+small traces (LB2 <= Ideal), and against the engine's replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.test_planner import GPU, MIB, chain_trace, mobilenet_trace  # noqa: F401 (fixture)
+from tflms.planner.replay import (
+    EngineConfig,
+    StepPlan,
+    build_plan,
+    live_profile,
+    peak_live_bytes,
+    replay,
+    replay_unlimited,
+    swap_bound_s,
+)
+from tflms.planner.yardsticks import (
+    excess_profiles,
+    host_bound_ends,
+    ideal,
+    lb2_s,
+    plan_buffers,
+)
+from tflms.trace.format import OpInfo, TensorInfo, Trace
+
+KB = 1024
+# A link that moves 1 KiB per second: copy times in whole seconds for hand-made plans.
+KIB_PER_S = KB / 1e9
+EPS = 1e-9
+
+
+def hand_plan(kernel_s: float = 0.5) -> StepPlan:
+    """A, B, C of 1 KiB each; C is made while A and B are live, A is read again at the end.
+
+    op0: makes A; op1: makes B; op2: reads B, makes C (B dies); op3: reads A and C (both die).
+    Live bytes per op: 1, 2, 3, 2 KiB. With 2 KiB of device memory, A must leave for op2.
+    """
+    a, b, c = 0, 1, 2
+    return StepPlan(
+        persistent=[],
+        step_inputs=[],
+        inputs=[(), (), (b,), (a, c)],
+        outputs=[((a, KB),), ((b, KB),), ((c, KB),), ()],
+        frees=[(), (), (b,), (a, c)],
+        kernel_s=[kernel_s] * 4,
+        names=["op0", "op1", "op2", "op3"],
+        free_at_start=(),
+        forwards=[(), (), (), ()],
+        sizes={a: KB, b: KB, c: KB},
+        slice_pins=[(), (), (), ()],
+        slice_unpins=[(), (), (), ()],
+    )
+
+
+def test_hand_plan_bounds_are_the_hand_computed_ones() -> None:
+    plan = hand_plan(0.5)
+    assert live_profile(plan) == [KB, 2 * KB, 3 * KB, 2 * KB]
+    # 1 KiB over at op2: 1 s of link each way. Compute 2 s; op2 starts after 1 s of compute
+    # (no wait for the copy out) and 0.5 s follow it (0.5 s more for the copy in).
+    assert lb2_s(plan, 2 * KB, KIB_PER_S) == pytest.approx(2.5)
+    # The old single cut: max(1, 1) + max(1, 1) (op2's own kernel counted on one side only).
+    assert swap_bound_s(plan, 2 * KB, KIB_PER_S) == pytest.approx(2.0)
+    # Ideal: A (the only unpinned buffer at op2) goes out from 0.5 s to 1.5 s, op2 runs
+    # 1.5-2.0; memory has no room for A until op2 ends, so it comes back 2.0-3.0 and op3
+    # runs 3.0-3.5. (This is also the optimum: A exists only from 0.5 s.)
+    res = ideal(plan, 2 * KB, KIB_PER_S, steps=1)
+    assert res.fits
+    assert res.step_time_s == pytest.approx(3.5)
+    assert res.d2h_bytes == KB and res.h2d_bytes == KB
+    assert res.compute_stall_s == pytest.approx(1.5)
+
+
+def test_copy_in_starts_as_early_as_memory_allows() -> None:
+    """With an op of slack after the peak, A comes back during it instead of stalling op3."""
+    plan = hand_plan(0.5)
+    # op3 becomes a free op (reads C only), op4 reads A: after op3 memory holds only A's room.
+    plan = dataclasses.replace(
+        plan,
+        inputs=[(), (), (1,), (2,), (0,)],
+        outputs=[*plan.outputs[:3], (), ()],
+        frees=[(), (), (1,), (2,), (0,)],
+        kernel_s=[0.5, 0.5, 0.5, 2.0, 0.5],
+        names=[*plan.names, "op4"],
+        forwards=[()] * 5,
+        slice_pins=[()] * 5,
+        slice_unpins=[()] * 5,
+    )
+    res = ideal(plan, 2 * KB, KIB_PER_S, steps=1)
+    # A out 0.5-1.5, op2 1.5-2.0; at op3 only C is live, so A's copy in starts with op3
+    # (2.0-3.0) and hides behind its 2 s kernel; op4 runs 4.0-4.5.
+    assert res.step_time_s == pytest.approx(4.5)
+    assert res.compute_stall_s == pytest.approx(0.5)
+
+
+def test_lb2_pairs_a_copy_out_before_one_peak_with_a_copy_in_after_another() -> None:
+    """Out-copies forced early and in-copies forced late add up (q' < q), which no single cut
+    sees: A is made, must leave for B, and may come back only after D is gone."""
+    # op0 makes A; op1 makes B (A must leave); op2 reads B for 2 s (B dies);
+    # op3 makes D, which dies unread; op4 reads A. 1 KiB of device memory.
+    a, b, d = range(3)
+    plan = StepPlan(
+        persistent=[],
+        step_inputs=[],
+        inputs=[(), (), (b,), (), (a,)],
+        outputs=[((a, KB),), ((b, KB),), (), ((d, KB),), ()],
+        frees=[(), (), (b,), (d,), (a,)],
+        kernel_s=[0.25, 0.25, 2.0, 0.25, 0.25],
+        names=[f"op{i}" for i in range(5)],
+        free_at_start=(),
+        forwards=[()] * 5,
+        sizes={a: KB, b: KB, d: KB},
+        slice_pins=[()] * 5,
+        slice_unpins=[()] * 5,
+    )
+    assert live_profile(plan) == [KB, 2 * KB, 2 * KB, 2 * KB, KB]
+    # Compute 3 s. Out before op1: 1 s of link after 0.25 s of compute (0.75 s wait); in
+    # after op3: 1 s of link before 0.25 s of compute (0.75 s wait): 3 + 0.75 + 0.75.
+    assert lb2_s(plan, KB, KIB_PER_S) == pytest.approx(4.5)
+    # The best single cut (op2: 0.5 s of compute on either side) gives 4 s; the old bound
+    # 3.75 s (at op1: max(0.25, 1) + max(2.75, 1)).
+    assert swap_bound_s(plan, KB, KIB_PER_S) == pytest.approx(3.75)
+    # Ideal: A out 0.25-1.25, op1 1.25-1.5, op2 1.5-3.5, op3 3.5-3.75 (D fills the device),
+    # A in 3.75-4.75, op4 4.75-5.0. Optimal too: A exists from 0.25 s and D until 3.75 s.
+    assert ideal(plan, KB, KIB_PER_S, steps=1).step_time_s == pytest.approx(5.0)
+
+
+def test_everything_fits_ideal_is_compute_and_lb2_is_compute() -> None:
+    plan = build_plan(chain_trace(), GPU)
+    big = peak_live_bytes(plan)
+    res = ideal(plan, big, 12.0)
+    assert res.fits and res.d2h_bytes == 0 and res.h2d_bytes == 0
+    assert res.step_time_s == pytest.approx(plan.compute_s)
+    assert lb2_s(plan, big, 12.0) == pytest.approx(plan.compute_s)
+    # With launch costs both are the unlimited-memory step, which the engine's replay measures.
+    launch = GPU.launch_overhead_us * 1e-6
+    unlimited = replay_unlimited(plan, GPU, 12.0).step_time_s
+    assert host_bound_ends(plan.kernel_s, launch)[-1] == pytest.approx(unlimited)
+    assert ideal(plan, big, 12.0, launch, 10e-6).step_time_s == pytest.approx(unlimited)
+    assert lb2_s(plan, big, 12.0, launch) == pytest.approx(unlimited)
+
+
+def test_ideal_refuses_when_one_op_alone_does_not_fit() -> None:
+    plan = hand_plan()
+    res = ideal(plan, KB, KIB_PER_S)
+    assert not res.fits
+    # op1 fits by evicting A; op2 pins B and C, 2 KiB, which nothing can make room for.
+    assert res.oom_op == 2
+
+
+def test_persistent_tensors_and_pin_free_readers_need_no_copy_the_old_bound_counted() -> None:
+    """A variable may stay on the host from the previous step; a tensor read only by Identity
+    need not come back. The refined excesses leave them out."""
+    plan = build_plan(chain_trace(layers=4), GPU)
+    mem = 3 * MIB
+    out_excess, in_excess = excess_profiles(plan, mem)
+    live = live_profile(plan)
+    b = plan_buffers(plan)
+    persistent = sum(b.size[t] for t in b.persistent)
+    assert persistent > 0
+    for q in range(len(live)):
+        pinned_p = sum(b.size[t] for t in b.pins[q] if t in b.persistent)
+        assert out_excess[q] == live[q] - mem - (persistent - pinned_p)
+        assert in_excess[q] <= live[q] - mem
+
+
+# ------------------------------------------------------------------ random small traces
+
+
+@st.composite
+def small_traces(draw: st.DrawFn) -> tuple[Trace, list[float]]:
+    sizes = st.integers(1, 6000)
+    tensors: list[TensorInfo] = []
+
+    def tensor(persistent: bool) -> int:
+        tensors.append(TensorInfo(len(tensors), draw(sizes), True, persistent, f"t{len(tensors)}"))
+        return len(tensors) - 1
+
+    available = [tensor(True) for _ in range(draw(st.integers(0, 2)))]
+    available += [tensor(False) for _ in range(draw(st.integers(0, 2)))]
+    ops: list[OpInfo] = []
+    for i in range(draw(st.integers(1, 10))):
+        kind = draw(st.sampled_from(["Conv2D", "Relu", "Identity", "AddN"]))
+        ins = (
+            draw(st.lists(st.sampled_from(available), max_size=3, unique=True)) if available else []
+        )
+        outs = [tensor(False) for _ in range(draw(st.integers(0 if ins else 1, 2)))]
+        ops.append(OpInfo(f"op{i}", kind, ins, outs, 0.0, 0.0))
+        available += outs
+    # Not validated: step inputs (tensors no op produces, the input batch) are what the plan
+    # allocates at every step start, and Trace.validate refuses them.
+    trace = Trace("Random", 1, (1,), "float32", "synthetic", tensors, ops)
+    kernels = draw(st.lists(st.floats(0.0, 2.0), min_size=len(ops), max_size=len(ops)))
+    return trace, kernels
+
+
+def _max_pinned(plan: StepPlan) -> int:
+    b = plan_buffers(plan)
+    return max((sum(b.size[t] for t in p) for p in b.pins), default=0)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    small_traces(),
+    st.floats(0.0, 1.2),
+    st.sampled_from([200.0, 1000.0, 5000.0]),
+    st.booleans(),
+)
+def test_lb2_is_below_ideal_and_above_compute(
+    drawn: tuple[Trace, list[float]], room: float, bytes_per_s: float, costs: bool
+) -> None:
+    trace, kernels = drawn
+    plan = dataclasses.replace(build_plan(trace, GPU), kernel_s=kernels)
+    low, peak = _max_pinned(plan), peak_live_bytes(plan)
+    mem = low + int(room * max(0, peak - low))
+    gbps = bytes_per_s / 1e9
+    launch, latency = (0.1, 0.05) if costs else (0.0, 0.0)
+    lb2 = lb2_s(plan, mem, gbps, launch)
+    res = ideal(plan, mem, gbps, launch, latency)
+    assert res.fits
+    assert lb2 >= plan.compute_s - EPS
+    assert lb2 <= res.step_time_s + EPS
+    if mem >= peak:
+        assert res.step_time_s == pytest.approx(host_bound_ends(kernels, launch)[-1])
+    b = plan_buffers(plan)
+    no_pin_reads = any(op.type == "Identity" and op.inputs for op in trace.ops)
+    if not b.persistent and not no_pin_reads:
+        # Then every byte over the memory leaves and comes back in the step: LB2 contains the
+        # single cut of replay.swap_bound_s.
+        assert lb2_s(plan, mem, gbps) >= swap_bound_s(plan, mem, gbps) - EPS
+
+
+# ------------------------------------------------------------------ against the engine
+
+
+@pytest.mark.parametrize("mem_mib", [4, 6, 8, 10])
+def test_engine_step_is_never_below_lb2_on_the_chain(mem_mib: int) -> None:
+    plan = build_plan(chain_trace(), GPU)
+    launch = GPU.launch_overhead_us * 1e-6
+    for gbps in (2.0, 12.0, 68.0):
+        r = replay(plan, GPU, EngineConfig(mem_mib * MIB, 1 << 30, gbps))
+        assert r.fits
+        assert r.step_time_s >= lb2_s(plan, mem_mib * MIB, gbps, launch) - EPS
+
+
+@pytest.mark.tf
+def test_engine_step_is_never_below_lb2_on_a_real_trace(mobilenet_trace: Trace) -> None:  # noqa: F811
+    trace = mobilenet_trace.rescaled(64)
+    plan = build_plan(trace, GPU)
+    launch = GPU.launch_overhead_us * 1e-6
+    peak = peak_live_bytes(plan)
+    for frac in (0.5, 0.7):
+        mem = int(peak * frac) // MIB * MIB
+        for prefetch in (False, True):
+            r = replay(plan, GPU, EngineConfig(mem, 1 << 32, 12.0, prefetch=prefetch))
+            if not r.fits:
+                continue
+            lb2 = lb2_s(plan, mem, 12.0, launch)
+            assert r.step_time_s >= lb2 - EPS
+            res = ideal(plan, mem, 12.0, launch, 10e-6)
+            assert res.fits and res.step_time_s >= lb2 - EPS

@@ -1,0 +1,551 @@
+"""Yardsticks the planner computes itself: a lower bound (LB2) and an achievable schedule (Ideal).
+
+The engine's step time with LMS is judged against two figures that bracket the best any
+swapping scheme can do on the modelled machine:
+
+- **LB2** (`lb2_s`): no schedule that only swaps (never recomputes) is faster.
+- **Ideal** (`ideal`): an offline schedule that is actually carried out here, op by op, on
+  the same model of the machine: Belady evictions, copies out as early as possible, copies in
+  as early as memory allows, no fragmentation. The optimum lies between the two.
+
+The roofline (max(compute, swapped bytes / bandwidth)) is neither: it ignores that copies out
+happen before the memory peak and copies in after it, so it can sit far below what any
+schedule needs.
+
+The model both yardsticks share (and the engine obeys, more strictly):
+
+- ops run one after another on the compute stream; op i starts no earlier than the host has
+  launched it, (i + 1) launch times after the step began (the engine's host_advance);
+- memory is counted per op, in BFC-rounded bytes, as live_profile counts it: while op q runs,
+  the tensors live at q are either on the device or on the host, and the device holds at most
+  M bytes of them; a tensor an op pins (reads, writes, or a sliced root) is on the device;
+- a copy out frees its device memory when it completes; a copy in occupies its destination
+  from the moment it starts; one device-to-host and one host-to-device link move
+  `link_gbps` each;
+- the measured step starts with every stream drained (the replay synchronises before it),
+  in whatever state the previous step left: persistent tensors may already be on the host.
+
+Copies are priced at the rounded size: the engine copies the raw size plus a fixed latency per
+copy, and latency x bandwidth is far above the 255 bytes rounding can add (10 us at 12 GB/s is
+120 kB), so a copy never costs the engine less than rounded / bandwidth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tflms.planner.replay import StepPlan, _rounded, live_profile
+
+_NEVER = 1 << 62  # "no further use" for Belady
+
+
+# --------------------------------------------------------------------------- the plan's buffers
+
+
+@dataclasses.dataclass
+class Buffers:
+    """A StepPlan seen as device buffers: forwarded outputs are the buffer of their input.
+
+    Ids are the plan's tensor ids of each buffer's first tensor. Sizes are BFC-rounded.
+    """
+
+    size: dict[int, int]
+    persistent: frozenset[int]
+    step_inputs: tuple[int, ...]  # allocated at step start (those no op reads excluded)
+    pins: list[tuple[int, ...]]  # per op: buffers that must be on the device while it runs
+    creates: list[tuple[int, ...]]  # per op: buffers allocated for it
+    frees: list[tuple[int, ...]]  # per op: buffers dead after it
+
+    @property
+    def ops(self) -> int:
+        return len(self.pins)
+
+
+def plan_buffers(plan: StepPlan) -> Buffers:
+    """Maps the plan's tensors onto buffers and lists, per op, what must be resident."""
+    owner: dict[int, int] = {}  # tensor -> buffer (itself, or the input it was forwarded from)
+
+    def buf(t: int) -> int:
+        return owner.get(t, t)
+
+    size = {t: _rounded(b) for t, b in plan.persistent}
+    size.update((t, _rounded(b)) for t, b in plan.step_inputs)
+    n = len(plan.inputs)
+    pins: list[tuple[int, ...]] = []
+    creates: list[tuple[int, ...]] = []
+    frees: list[tuple[int, ...]] = []
+    slice_count: dict[int, int] = {}  # root -> slicing ops whose views are still alive
+    for i in range(n):
+        for root in plan.slice_pins[i] if plan.slice_pins else ():
+            slice_count[root] = slice_count.get(root, 0) + 1
+        made = []
+        for t, b in plan.outputs[i]:
+            size[t] = _rounded(b)
+            made.append(t)
+        for out, src in plan.forwards[i] if plan.forwards else ():
+            owner[out] = buf(src)
+        pinned = [buf(t) for t in plan.inputs[i]]
+        pinned += made
+        pinned += [buf(r) for r, c in slice_count.items() if c > 0]
+        pins.append(tuple(dict.fromkeys(pinned)))
+        creates.append(tuple(made))
+        frees.append(tuple(buf(t) for t in plan.frees[i]))
+        for root in plan.slice_unpins[i] if plan.slice_unpins else ():
+            slice_count[root] -= 1
+    skipped = set(plan.free_at_start)
+    return Buffers(
+        size=size,
+        persistent=frozenset(t for t, _ in plan.persistent),
+        step_inputs=tuple(t for t, _ in plan.step_inputs if t not in skipped),
+        pins=pins,
+        creates=creates,
+        frees=frees,
+    )
+
+
+# --------------------------------------------------------------------------- LB2
+
+
+def host_bound_ends(kernel_s: Sequence[float], launch_s: float) -> list[float]:
+    """End of each op with unlimited memory: op i starts after op i-1 and after its launch."""
+    ends = []
+    t = 0.0
+    for i, k in enumerate(kernel_s):
+        t = max(t, (i + 1) * launch_s) + k
+        ends.append(t)
+    return ends
+
+
+def excess_profiles(plan: StepPlan, device_memory: int) -> tuple[list[int], list[int]]:
+    """Per op, the bytes that must have gone out before it, and that must come back after it.
+
+    While op q runs at most M = device_memory of its live bytes are on the device, so at least
+    live_q - M are on the host. Two kinds of those need not cross the link in this step:
+    - out: a persistent tensor (variable, slot) may have been on the host since the previous
+      step; every other tensor was born on the device in this step. So the bytes that left in
+      this step are at least live_q - M - (persistent bytes op q does not pin).
+    - in: a tensor that no later op pins (its last readers, if any, read no bytes: Identity,
+      Shape) stays on the host until it dies or the step ends. So the bytes that come back
+      after q are at least live_q - M - (bytes live at q, unpinned at q and pinned no later).
+    """
+    b = plan_buffers(plan)
+    n = b.ops
+    live = live_profile(plan)
+    persistent_total = sum(b.size[t] for t in b.persistent)
+    out_excess = []
+    for q in range(n):
+        pinned_p = sum(b.size[t] for t in b.pins[q] if t in b.persistent)
+        out_excess.append(live[q] - device_memory - (persistent_total - pinned_p))
+    # Each buffer, from after its last pin to its death, needs no copy in: a difference array.
+    birth: dict[int, int] = dict.fromkeys(b.persistent, 0)
+    birth.update(dict.fromkeys(b.step_inputs, 0))
+    death: dict[int, int] = dict.fromkeys(b.persistent, n - 1)
+    last_pin: dict[int, int] = {}
+    for q in range(n):
+        for t in b.creates[q]:
+            birth[t] = q
+        for t in b.pins[q]:
+            last_pin[t] = q
+        for t in b.frees[q]:
+            death[t] = q
+    idle = [0] * (n + 1)
+    for t, start in birth.items():
+        lo = max(start, last_pin[t] + 1) if t in last_pin else start
+        hi = death.get(t, n - 1)
+        if lo <= hi:
+            idle[lo] += b.size[t]
+            idle[hi + 1] -= b.size[t]
+    in_excess = []
+    running = 0
+    for q in range(n):
+        running += idle[q]
+        in_excess.append(live[q] - device_memory - running)
+    return out_excess, in_excess
+
+
+def lb2_s(plan: StepPlan, device_memory: int, link_gbps: float, launch_s: float = 0.0) -> float:
+    """A lower bound on the step time of any schedule that swaps and never recomputes.
+
+    Let C be the compute time, before_q the compute before op q starts, after_q the compute
+    after it ends, and xo_q, xi_q the times the link needs for the bytes that must have left
+    before q and must come back after q (excess_profiles; the whole excess live_q - M when no
+    tensor is persistent or read only by pin-free ops). Then, for any ops q' <= q:
+
+    - op q' cannot start before xo_q': those bytes left through one link that was idle when
+      the step began (streams are drained), and their memory is only free once the copy ends;
+    - ops q'..q run after that, one after another, so op q ends no earlier than
+      xo_q' + compute(q'..q), and no earlier than before_q' + compute(q'..q) either;
+    - the bytes on the host at the end of q come back through the other link, each copy
+      starting after q ends (its destination is not on the device while q runs), and the step
+      ends after them and after the ops that follow q.
+
+    So step >= max(before_q', xo_q') + compute(q'..q) + max(after_q, xi_q)
+             = C + (xo_q' - before_q')+ + (xi_q - after_q)+.
+    The two links are independent, so the forced waits add. Taking q' = q gives the older
+    single-cut bound (replay.swap_bound_s) plus the op's own kernel time, and letting q' run
+    ahead of q catches a memory peak that is not where the excess is largest on each side.
+
+    With a launch time per op, C and the end of op q become those of the host-bound
+    recurrence (host_bound_ends): the step is at least the unlimited-memory step U, the end of
+    op q there plus xi_q, xo_q plus all compute from q on, and the sum above.
+
+    All four maxima are computed in one pass: a running max of (xo_q' - before_q')+ over
+    q' <= q pairs with (xi_q - after_q)+ at each q, O(n).
+    """
+    n = len(plan.kernel_s)
+    if n == 0:
+        return 0.0
+    bw = link_gbps * 1e9
+    out_excess, in_excess = excess_profiles(plan, device_memory)
+    ends = host_bound_ends(plan.kernel_s, launch_s)
+    total = plan.compute_s
+    bound = ends[-1]
+    before = 0.0
+    best_out = 0.0  # max over q' <= q of (xo_q' - before_q')+
+    for q in range(n):
+        k = plan.kernel_s[q]
+        after = total - before - k
+        xo = max(0, out_excess[q]) / bw
+        xi = max(0, in_excess[q]) / bw
+        best_out = max(best_out, xo - before)
+        bound = max(
+            bound,
+            xo + total - before,  # wait for the copies out, then every kernel from q on
+            ends[q] + xi,  # the copies in after q
+            total + best_out + max(0.0, xi - after),
+        )
+        before += k
+    return bound
+
+
+# --------------------------------------------------------------------------- Ideal
+
+
+@dataclasses.dataclass
+class IdealResult:
+    """The offline schedule's measured step (the last of `steps`), or why it cannot run."""
+
+    fits: bool
+    step_time_s: float = 0.0
+    d2h_bytes: int = 0
+    h2d_bytes: int = 0
+    compute_stall_s: float = 0.0  # the compute stream waiting for copies
+    evictions: int = 0
+    oom_op: int = -1  # the op whose pinned buffers alone exceed the device, when not fits
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class _Eviction:
+    key: int
+    at: int  # global op that needed the room (it waits for the copy out)
+    anchor: int  # global op after which the copy out may start; -1 - step: the step's start
+    nbytes: int
+
+
+@dataclasses.dataclass
+class _CopyIn:
+    key: int
+    after: int  # global op of the eviction that sent it out
+    need: int  # global op that pins it
+    nbytes: int
+    issue: int = -1  # global op from which its destination is reserved
+
+
+def _instance_key(buf: int, step: int, persistent: bool, stride: int) -> int:
+    # A persistent buffer is one object across steps; every other tensor is new each step.
+    return buf if persistent else (step + 1) * stride + buf
+
+
+class _MemoryPlan:
+    """Belady over op indices: what is on the device during each op, and the copies that moves."""
+
+    def __init__(self, b: Buffers, steps: int, device_memory: int) -> None:
+        self.b = b
+        self.n = b.ops
+        self.steps = steps
+        self.memory = device_memory
+        self.stride = max([*b.size, 0]) + 1
+        self.pins_of: dict[int, list[int]] = {}
+        for s in range(steps):
+            for i, pinned in enumerate(b.pins):
+                for t in pinned:
+                    self.pins_of.setdefault(self.key(t, s), []).append(s * self.n + i)
+        self.evictions: list[_Eviction] = []
+        self.copy_ins: list[_CopyIn] = []
+        self.mem = np.zeros(steps * self.n, dtype=np.int64)
+        self.oom_op = -1
+
+    def key(self, t: int, step: int) -> int:
+        return _instance_key(t, step, t in self.b.persistent, self.stride)
+
+    def size(self, key: int) -> int:
+        return self.b.size[key % self.stride if key >= self.stride else key]
+
+    def run(self) -> bool:
+        """Fills evictions, copy_ins and mem; False when some op's pinned buffers exceed M."""
+        resident: dict[int, int] = {}
+        on_host: dict[int, int] = {}  # key -> global op of its eviction
+        last_pin: dict[int, int] = {}
+        next_use: dict[int, int] = {}
+        cursor: dict[int, int] = {}
+        heap: list[tuple[int, int]] = []  # (-next use, key), stale entries skipped
+        used = 0
+
+        def schedule(key: int, after: int) -> None:
+            uses = self.pins_of.get(key, [])
+            i = cursor.get(key, 0)
+            while i < len(uses) and uses[i] <= after:
+                i += 1
+            cursor[key] = i
+            nu = uses[i] if i < len(uses) else _NEVER
+            next_use[key] = nu
+            heapq.heappush(heap, (-nu, key))
+
+        for s in range(self.steps):
+            start = s * self.n
+            arriving = [self.key(t, s) for t in self.b.step_inputs]
+            if s == 0:
+                arriving += sorted(self.b.persistent)
+            for key in arriving:
+                resident[key] = self.size(key)
+                used += resident[key]
+                schedule(key, start - 1)
+            for i in range(self.n):
+                p = start + i
+                pinned = [self.key(t, s) for t in self.b.pins[i]]
+                for key in pinned:
+                    if key not in resident:
+                        if key in on_host:
+                            self.copy_ins.append(_CopyIn(key, on_host.pop(key), p, self.size(key)))
+                        resident[key] = self.size(key)
+                        used += resident[key]
+                    next_use[key] = p
+                while used > self.memory:
+                    victim = self._pop_victim(heap, resident, next_use, p)
+                    if victim is None:
+                        self.oom_op = p
+                        return False
+                    used -= resident.pop(victim)
+                    on_host[victim] = p
+                    lp = last_pin.get(victim, -1)
+                    anchor = lp if lp >= start else -1 - s
+                    self.evictions.append(_Eviction(victim, p, anchor, self.size(victim)))
+                self.mem[p] = used
+                for key in pinned:
+                    last_pin[key] = p
+                    schedule(key, p)
+                for t in self.b.frees[i]:
+                    key = self.key(t, s)
+                    if key in resident:
+                        used -= resident.pop(key)
+                    on_host.pop(key, None)  # dead on the host: its copy is simply dropped
+        return True
+
+    @staticmethod
+    def _pop_victim(
+        heap: list[tuple[int, int]], resident: dict[int, int], next_use: dict[int, int], p: int
+    ) -> int | None:
+        """The resident buffer used farthest in the future, or None if all are pinned by p."""
+        while heap:
+            neg, key = heapq.heappop(heap)
+            if key not in resident or next_use.get(key) != -neg:
+                continue
+            if -neg <= p:  # the farthest is needed now: everything left is pinned
+                heapq.heappush(heap, (neg, key))
+                return None
+            return key
+        return None
+
+    def place_copy_ins(self) -> None:
+        """Each copy in starts at the earliest op from which memory stays within M until use.
+
+        Taken in order of need, so a nearer use gets the room first; never before the step of
+        its use (a copy in the previous step would be free in a measured step that starts
+        drained) and never before the eviction that sent it out.
+        """
+        for c in self.copy_ins:
+            lo = max(c.after + 1, c.need - c.need % self.n)
+            seg = self.mem[lo : c.need]
+            over = np.flatnonzero(seg + c.nbytes > self.memory)
+            c.issue = lo + (int(over[-1]) + 1 if over.size else 0)
+            self.mem[c.issue : c.need] += c.nbytes
+
+
+class _Link:
+    """One copy direction: non-preemptive, earliest deadline first among copies ready to go."""
+
+    def __init__(self, bytes_per_s: float, latency_s: float) -> None:
+        self.rate = bytes_per_s
+        self.latency = latency_s
+        self.free = 0.0
+        self.waiting: list[tuple[float, int, int, int]] = []  # (ready, deadline, id, bytes)
+        self.ready: list[tuple[int, int, int]] = []  # (deadline, id, bytes)
+        self.done: dict[int, float] = {}
+        self.busy_bytes = 0
+
+    def release(self, task: int, ready_t: float, deadline: int, nbytes: int) -> None:
+        heapq.heappush(self.waiting, (ready_t, deadline, task, nbytes))
+
+    def finish(self, tasks: Iterable[int]) -> float:
+        """Runs the link until every one of `tasks` is done; returns when the last one ended."""
+        latest = 0.0
+        for task in tasks:
+            while task not in self.done:
+                self._step()
+            latest = max(latest, self.done[task])
+        return latest
+
+    def drain(self) -> float:
+        while self.waiting or self.ready:
+            self._step()
+        return self.free
+
+    def _step(self) -> None:
+        while self.waiting and self.waiting[0][0] <= self.free:
+            _, deadline, task, nbytes = heapq.heappop(self.waiting)
+            heapq.heappush(self.ready, (deadline, task, nbytes))
+        if not self.ready:
+            if not self.waiting:
+                raise RuntimeError("a copy was awaited that was never released")
+            self.free = self.waiting[0][0]  # idle until the next copy may start
+            return
+        _, task, nbytes = heapq.heappop(self.ready)
+        self.free += self.latency + nbytes / self.rate
+        self.done[task] = self.free
+        self.busy_bytes += nbytes
+
+
+def ideal(
+    plan: StepPlan,
+    device_memory: int,
+    link_gbps: float,
+    launch_s: float = 0.0,
+    latency_s: float = 0.0,
+    steps: int = 2,
+) -> IdealResult:
+    """An achievable offline schedule of `steps` steps; the last is measured, as the replay does.
+
+    Memory (_MemoryPlan): walking the ops, a pinned buffer on the host comes back, outputs are
+    allocated, and while more than M bytes are on the device the buffer whose next pin is
+    farthest away is evicted (Belady; a persistent buffer's next pin may be in the next step).
+    Each copy in is then moved to the earliest op from which the memory, with its bytes added,
+    stays within M until its use.
+
+    Time: an eviction's copy out may start when the victim's last pin before the eviction
+    ended (or when the step began, if that was in an earlier step), and the op that needed the
+    room waits for it; a copy in may start once the op where its room was reserved may start
+    (the previous op ended, that op's evictions done), and the op that pins it waits for it.
+    Each link serves ready copies earliest deadline first. The step is drained at its start
+    and end, like the replay's measured step.
+    """
+    b = plan_buffers(plan)
+    n = b.ops
+    if n == 0:
+        return IdealResult(fits=True)
+    mp = _MemoryPlan(b, steps, device_memory)
+    if not mp.run():
+        return IdealResult(fits=False, oom_op=mp.oom_op % n)
+    mp.place_copy_ins()
+    return _timeline(plan, mp, link_gbps * 1e9, launch_s, latency_s)
+
+
+def _timeline(
+    plan: StepPlan, mp: _MemoryPlan, bytes_per_s: float, launch_s: float, latency_s: float
+) -> IdealResult:
+    n, steps = mp.n, mp.steps
+    total = n * steps
+    victims_at: list[list[int]] = [[] for _ in range(total)]
+    outs_after: list[list[int]] = [[] for _ in range(total)]
+    outs_at_start: list[list[int]] = [[] for _ in range(steps)]
+    for j, ev in enumerate(mp.evictions):
+        victims_at[ev.at].append(j)
+        if ev.anchor >= 0:
+            outs_after[ev.anchor].append(j)
+        else:
+            outs_at_start[-1 - ev.anchor].append(j)
+    issued_at: list[list[int]] = [[] for _ in range(total)]
+    needed_at: list[list[int]] = [[] for _ in range(total)]
+    for j, c in enumerate(mp.copy_ins):
+        issued_at[c.issue].append(j)
+        needed_at[c.need].append(j)
+    d2h = _Link(bytes_per_s, latency_s)
+    h2d = _Link(bytes_per_s, latency_s)
+    t0 = end = stall = 0.0
+    d2h_before = h2d_before = 0
+    for p in range(total):
+        i = p % n
+        if i == 0:
+            # The replay synchronises before the measured step: it starts drained.
+            t0 = end = max(end, d2h.drain(), h2d.drain())
+            d2h_before, h2d_before, stall = d2h.busy_bytes, h2d.busy_bytes, 0.0
+            for j in outs_at_start[p // n]:
+                ev = mp.evictions[j]
+                d2h.release(j, t0, ev.at, ev.nbytes)
+        ready = max(end, d2h.finish(victims_at[p]))
+        for j in issued_at[p]:
+            c = mp.copy_ins[j]
+            h2d.release(j, ready, c.need, c.nbytes)
+        arrived = h2d.finish(needed_at[p])
+        start = max(ready, t0 + (i + 1) * launch_s, arrived)
+        stall += start - max(end, t0 + (i + 1) * launch_s)
+        end = start + plan.kernel_s[i]
+        for j in outs_after[p]:
+            ev = mp.evictions[j]
+            d2h.release(j, end, ev.at, ev.nbytes)
+    finish = max(end, d2h.drain(), h2d.drain())
+    return IdealResult(
+        fits=True,
+        step_time_s=finish - t0,
+        d2h_bytes=d2h.busy_bytes - d2h_before,
+        h2d_bytes=h2d.busy_bytes - h2d_before,
+        compute_stall_s=stall,
+        evictions=sum(1 for ev in mp.evictions if ev.at >= (steps - 1) * n),
+    )
+
+
+# --------------------------------------------------------------------------- reports
+
+
+@dataclasses.dataclass(frozen=True)
+class Yardsticks:
+    """Both yardsticks for one plan on one machine (they do not depend on the LMS variant)."""
+
+    lb2_s: float
+    ideal: IdealResult
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lb2_s": self.lb2_s, "ideal": self.ideal.to_json()}
+
+
+def yardsticks(
+    plan: StepPlan,
+    device_memory: int,
+    link_gbps: float,
+    launch_s: float,
+    latency_s: float,
+    steps: int = 2,
+) -> Yardsticks:
+    return Yardsticks(
+        lb2_s=lb2_s(plan, device_memory, link_gbps, launch_s),
+        ideal=ideal(plan, device_memory, link_gbps, launch_s, latency_s, steps=steps),
+    )
+
+
+def annotate(row: dict[str, Any], ys: Yardsticks) -> dict[str, Any]:
+    """Adds lb2_s, ideal_s and the engine's ratios to them to one LMS run's JSON."""
+    row["lb2_s"] = ys.lb2_s
+    row["ideal_s"] = ys.ideal.step_time_s if ys.ideal.fits else None
+    row["ideal"] = ys.ideal.to_json()
+    step = row.get("step_time_s") if row.get("fits") else None
+    row["lb2_ratio"] = step / ys.lb2_s if step and ys.lb2_s > 0 else None
+    ideal_s = row["ideal_s"]
+    row["ideal_ratio"] = step / ideal_s if step and ideal_s else None
+    return row
