@@ -8,7 +8,11 @@
 // buffer is moved only when all of these hold, checked under mu_:
 //   * it is resident, unpinned and not unmovable (no address escaped);
 //   * its last use and the copy that filled it are proven complete by their
-//     events (EventDone), so no queued kernel references the old address;
+//     events (EventDone), so no queued kernel references the old address.
+//     Unpins stamp last-use epochs rather than record events (engine_impl.h),
+//     so both entry points first close the open epoch and wait for an event
+//     after it (SyncLastUses, mu_ released): the moves drain the compute
+//     stream anyway, and every unpinned buffer is then provably idle;
 //   * nothing can pin it while it moves: its state is kMoving and Pin waits.
 // The copy itself runs on the compute stream (ordered after everything
 // enqueued) with mu_ released; the source chunk is freed only after the
@@ -47,7 +51,7 @@ bool Engine::Impl::Movable(const Buffer* b) const {
       b->unmovable || b->free_requested) {
     return false;
   }
-  if (b->last_use && !device_->EventDone(b->last_use)) return false;
+  if (!LastUseDoneLocked(b->last_use_epoch)) return false;
   if (b->ready && !device_->EventDone(b->ready)) return false;
   return true;
 }
@@ -112,7 +116,7 @@ Status Engine::Impl::MoveBuffers(
     if (status.ok()) {
       b->chunk = m.dst;
       b->device_ptr = m.dst_ptr;
-      b->last_use.reset();
+      b->last_use_epoch = 0;  // the new address has never been used
       b->ready.reset();
       counters_.bytes_defragged += static_cast<int64_t>(m.size);
       *moved += m.size;
@@ -128,6 +132,7 @@ Status Engine::Impl::MoveBuffers(
 Status Engine::Impl::DefragFor(std::unique_lock<std::mutex>& lock,
                                size_t rounded, size_t* moved) {
   *moved = 0;
+  TFLMS_RETURN_IF_ERROR(SyncLastUses(lock));
   struct Window {
     size_t cost;
     BfcArena::ChunkHandle first, last;
@@ -191,6 +196,7 @@ Status Engine::Impl::Defragment(size_t* bytes_moved) {
   // fragmentation to undo (any page backs any address).
   if (fixed_) return Status::Ok();
   std::unique_lock<std::mutex> lock(mu_);
+  TFLMS_RETURN_IF_ERROR(SyncLastUses(lock));
   for (int pass = 0; pass < kMaxCompactionPasses; ++pass) {
     // Movable buffers, highest address first.
     std::vector<Buffer*> candidates;

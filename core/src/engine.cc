@@ -311,7 +311,7 @@ size_t Engine::Impl::AllocatedSize(const void* ptr) const {
 }
 
 Buffer* Engine::Impl::AllocateBuffer(size_t bytes, bool pinned,
-                                     Status* status) {
+                                     Status* status, void** device_ptr) {
   if (bytes == 0) {
     *status = InvalidArgument("buffer size must be positive");
     return nullptr;
@@ -338,6 +338,7 @@ Buffer* Engine::Impl::AllocateBuffer(size_t bytes, bool pinned,
   // Only prefetch resolves ordinals; without it the map would cost every
   // allocation a hash insert for nothing.
   if (options_.prefetch_enabled) prefetch_.by_ordinal[b->step_ordinal] = b;
+  if (device_ptr != nullptr) *device_ptr = b->device_ptr;
   *status = Status::Ok();
   return b;
 }
@@ -477,12 +478,7 @@ size_t Engine::AllocatedSize(const void* ptr) const {
 }
 Buffer* Engine::AllocateBuffer(size_t bytes, bool pinned, Status* status,
                                void** device_ptr) {
-  Buffer* b = impl_->AllocateBuffer(bytes, pinned, status);
-  if (b != nullptr && device_ptr != nullptr) {
-    std::lock_guard<std::mutex> lock(impl_->mu_);
-    *device_ptr = b->device_ptr;
-  }
-  return b;
+  return impl_->AllocateBuffer(bytes, pinned, status, device_ptr);
 }
 Status Engine::FreeBuffer(Buffer* buffer) { return impl_->FreeBuffer(buffer); }
 Status Engine::Pin(Buffer* buffer, void** device_ptr) {

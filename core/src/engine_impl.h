@@ -48,17 +48,19 @@ class Buffer {
   size_t host_bytes = 0;
   int pin_count = 0;
   // Fixed-address mode: the buffer's virtual chunk for its whole life
-  // (`chunk` equals it while resident, kInvalidChunk while evicted), and the
-  // free sequence number (Impl::free_seq_) read before its last_use was
-  // recorded: once last_use is known complete, so are all frees up to it.
+  // (`chunk` equals it while resident, kInvalidChunk while evicted).
   BfcArena::ChunkHandle vchunk = BfcArena::kInvalidChunk;
-  uint64_t last_use_free_seq = 0;
   BufferState state = BufferState::kResident;
   bool unmovable = false;
   bool free_requested = false;  // freed while a copy was in flight
   bool prefetched = false;      // paged in ahead of use, not pinned since
-  EventRef last_use;  // compute-stream event recorded at the last unpin
-  EventRef ready;     // event the compute stream must wait for before use
+  // The last-use epoch stamped by its last Unpin (0: no use to wait for).
+  // Every kernel that used the buffer was enqueued on the compute stream
+  // before that Unpin, so a compute-stream event recorded after the epoch
+  // closed (Impl::LastUseEventLocked) follows all of them. See "Last-use
+  // epochs" in Engine::Impl.
+  uint64_t last_use_epoch = 0;
+  EventRef ready;  // event the compute stream must wait for before use
   // Intrusive LRU of inactive buffers (oldest at head).
   Buffer* lru_prev = nullptr;
   Buffer* lru_next = nullptr;
@@ -97,7 +99,10 @@ class Engine::Impl {
   void DeallocateRaw(void* ptr);
   size_t RequestedSize(const void* ptr) const;
   size_t AllocatedSize(const void* ptr) const;
-  Buffer* AllocateBuffer(size_t bytes, bool pinned, Status* status);
+  // *device_ptr (when not null): the new buffer's address, read under the
+  // same lock acquisition.
+  Buffer* AllocateBuffer(size_t bytes, bool pinned, Status* status,
+                         void** device_ptr);
   Status FreeBuffer(Buffer* b);
   Status SetLmsLimit(size_t bytes);
   // True, with *status set and num_ooms counted, when `bytes` can never fit
@@ -139,6 +144,37 @@ class Engine::Impl {
   // Waits for the compute/copy events a buffer's bytes depend on, on `stream`.
   Status OrderAfterUses(Stream* stream, const EventRef& last_use,
                         const EventRef& ready);
+
+  // ---- residency.cc: last-use epochs ----
+  // Ends the open epoch: later unpins stamp the next one. *free_seq: free_seq_
+  // now, i.e. before the caller records the epoch's event (fixed-address
+  // mode's unmap safety). Returns the closed epoch. REQUIRES: mu_ held.
+  uint64_t CloseEpochLocked(uint64_t* free_seq);
+  // Keeps `event`, recorded on the compute stream after `epoch` closed, as
+  // the proof for that epoch. REQUIRES: mu_ held.
+  void PublishEpochEventLocked(uint64_t epoch, EventRef event,
+                               uint64_t free_seq);
+  // How work after the uses stamped `epoch` is ordered after them. Returns
+  // true with *event null when nothing need be waited for (no use, or known
+  // complete); true with *event set to a kept event recorded after `epoch`
+  // closed, *covers and *free_seq describing it; false when no kept event
+  // covers it (the epoch is open, or its event is not published): the caller
+  // must close the open epoch and record a fresh event. REQUIRES: mu_ held.
+  bool LastUseEventLocked(uint64_t epoch, EventRef* event, uint64_t* covers,
+                          uint64_t* free_seq) const;
+  // An event covering `epoch` was synchronized without error: every epoch up
+  // to it is complete, and so is every free numbered up to `free_seq`.
+  // REQUIRES: mu_ held.
+  void NoteEpochCompleteLocked(uint64_t epoch, uint64_t free_seq);
+  // Non-blocking: whether the uses stamped `epoch` are proven complete (an
+  // event covering them has completed). REQUIRES: mu_ held.
+  bool LastUseDoneLocked(uint64_t epoch) const;
+  // Makes every use stamped so far provably complete: closes the open epoch
+  // if it has stamps, records a compute-stream event and waits for it with
+  // `lock` released. For defragmentation, which moves only buffers whose
+  // last use is complete and drains the compute stream for its own copies
+  // anyway. Returns with `lock` held.
+  Status SyncLastUses(std::unique_lock<std::mutex>& lock);
 
   // ---- reclaim.cc ----
   // Choose victims for a request of `rounded` bytes; empty if none.
@@ -324,6 +360,33 @@ class Engine::Impl {
   void RecycleBufferLocked(Buffer* b);
   Buffer* lru_head_ = nullptr;  // oldest inactive
   Buffer* lru_tail_ = nullptr;  // newest inactive
+
+  // Last-use epochs (all guarded by mu_). Recording a compute-stream event
+  // at every Unpin, so that a page-out or move can wait for the buffer's
+  // last use, cost more than the rest of a tensor's lifecycle together (an
+  // event object, a driver call on CUDA, a queue entry in the sim) and took
+  // mu_ twice per Unpin. Instead an Unpin stamps the buffer with the open
+  // epoch under the mu_ acquisition it needs anyway, and an epoch is closed
+  // (open_epoch_ advanced under mu_) every kUnpinsPerEpoch unpins, or at
+  // once when a page-out needs it; a compute-stream event recorded after the
+  // close follows every kernel enqueued before any unpin stamped with it or
+  // an earlier epoch (the kernels came before their unpin, the unpin before
+  // the close: mu_ orders them). A copy out of a buffer waits for that event:
+  // at most kUnpinsPerEpoch unpins' worth of kernels later than the exact
+  // last use, which a least-recently-used victim is long past.
+  static constexpr uint64_t kUnpinsPerEpoch = 32;
+  static constexpr size_t kEpochRing = 64;
+  uint64_t open_epoch_ = 1;            // stamped by Unpin; never 0
+  uint64_t unpins_in_open_epoch_ = 0;  // stamps of open_epoch_
+  // Epochs <= this are proven complete (an event covering them was
+  // synchronized without error): nothing need be waited for.
+  uint64_t completed_epoch_ = 0;
+  struct ClosedEpoch {
+    uint64_t epoch = 0;     // 0: empty slot
+    EventRef event;         // recorded after `epoch` closed
+    uint64_t free_seq = 0;  // free_seq_ read before `event` was recorded
+  };
+  ClosedEpoch closed_epochs_[kEpochRing];  // slot epoch % kEpochRing
 
   // Host copies whose page-in is enqueued but maybe not finished; freed
   // once their event completes (guarded by mu_).

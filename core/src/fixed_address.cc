@@ -33,9 +33,10 @@
 //   * a page is unmapped only if every free that touched it is known to be
 //     complete on the device: frees are numbered (free_seq_), and synced_seq_
 //     advances when a compute-stream event recorded after those frees has
-//     completed -- either the last_use of a buffer whose page-out copy was
-//     synchronized (its D2H copy waited for last_use), or an event that
-//     TrimCachedPages records and waits for;
+//     completed -- either the last-use event of a buffer whose page-out copy
+//     was synchronized (its D2H copy waited for it; it was recorded after
+//     free_seq_ was read when its epoch closed, NoteEpochCompleteLocked), or
+//     an event that TrimCachedPages records and waits for;
 //   * an evicted buffer's pages are unmapped only after the D2H copy of its
 //     bytes (ordered after its last use and after the copy that filled it)
 //     has been synchronized without error. A failed copy, or a failed first

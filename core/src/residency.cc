@@ -22,9 +22,10 @@
 //     reached the host has been synchronized without error.
 //   * A host copy is freed only after the event of the page-in that read it
 //     has completed (pending_host_frees_).
-//   * Copies out of a chunk are ordered after the buffer's last use (the
-//     compute-stream event recorded at its last Unpin) and after the copy
-//     that filled it (ready); copies into a chunk are ordered after all work
+//   * Copies out of a chunk are ordered after the buffer's last use (a
+//     compute-stream event recorded after the last-use epoch its last Unpin
+//     stamped was closed, see engine_impl.h) and after the copy that filled
+//     it (ready); copies into a chunk are ordered after all work
 //     already enqueued on the compute stream, since that work may still read
 //     the chunk's previous owner, which the host already freed.
 //   * Pin never returns while the buffer is in a transient state: it waits
@@ -74,6 +75,94 @@ Status Engine::Impl::OrderAfterUses(Stream* stream, const EventRef& last_use,
   return Status::Ok();
 }
 
+uint64_t Engine::Impl::CloseEpochLocked(uint64_t* free_seq) {
+  *free_seq = free_seq_;
+  unpins_in_open_epoch_ = 0;
+  return open_epoch_++;
+}
+
+void Engine::Impl::PublishEpochEventLocked(uint64_t epoch, EventRef event,
+                                           uint64_t free_seq) {
+  if (!event) return;
+  ClosedEpoch& slot = closed_epochs_[epoch % kEpochRing];
+  // Closes are published out of order when threads race; a slot keeps the
+  // newer epoch (an older one is then covered by any kept later event).
+  if (slot.epoch > epoch) return;
+  slot.epoch = epoch;
+  slot.event = std::move(event);
+  slot.free_seq = free_seq;
+}
+
+bool Engine::Impl::LastUseEventLocked(uint64_t epoch, EventRef* event,
+                                      uint64_t* covers,
+                                      uint64_t* free_seq) const {
+  event->reset();
+  *covers = 0;
+  *free_seq = 0;
+  if (epoch == 0 || epoch <= completed_epoch_) return true;
+  if (epoch >= open_epoch_) return false;  // still open: needs a close
+  const ClosedEpoch& exact = closed_epochs_[epoch % kEpochRing];
+  if (exact.epoch == epoch) {
+    *event = exact.event;
+    *covers = exact.epoch;
+    *free_seq = exact.free_seq;
+    return true;
+  }
+  // Not kept (its record failed, is still being published, or the slot was
+  // reused): the earliest kept event of a later epoch also follows it.
+  const ClosedEpoch* best = nullptr;
+  for (const ClosedEpoch& c : closed_epochs_) {
+    if (c.epoch > epoch && (best == nullptr || c.epoch < best->epoch)) {
+      best = &c;
+    }
+  }
+  if (best == nullptr) return false;
+  *event = best->event;
+  *covers = best->epoch;
+  *free_seq = best->free_seq;
+  return true;
+}
+
+void Engine::Impl::NoteEpochCompleteLocked(uint64_t epoch,
+                                           uint64_t free_seq) {
+  completed_epoch_ = std::max(completed_epoch_, epoch);
+  // The event followed every free numbered up to free_seq, so the work those
+  // frees raced with is complete too (fixed-address mode unmaps on this).
+  synced_seq_ = std::max(synced_seq_, free_seq);
+}
+
+bool Engine::Impl::LastUseDoneLocked(uint64_t epoch) const {
+  EventRef event;
+  uint64_t covers = 0;
+  uint64_t free_seq = 0;
+  if (!LastUseEventLocked(epoch, &event, &covers, &free_seq)) return false;
+  return !event || device_->EventDone(event);
+}
+
+Status Engine::Impl::SyncLastUses(std::unique_lock<std::mutex>& lock) {
+  uint64_t epoch = 0;
+  uint64_t free_seq = 0;
+  if (unpins_in_open_epoch_ > 0) {
+    epoch = CloseEpochLocked(&free_seq);
+  } else if (open_epoch_ - 1 > completed_epoch_) {
+    // Closed, but maybe without a kept event: a fresh one covers it too.
+    epoch = open_epoch_ - 1;
+    free_seq = free_seq_;
+  } else {
+    return Status::Ok();
+  }
+  lock.unlock();
+  Status status;
+  EventRef event =
+      device_->RecordEvent(device_->GetStream(StreamKind::kCompute), &status);
+  if (event) status = device_->SynchronizeEvent(event);
+  lock.lock();
+  if (!status.ok()) return status;
+  NoteEpochCompleteLocked(epoch, free_seq);
+  PublishEpochEventLocked(epoch, std::move(event), free_seq);
+  return Status::Ok();
+}
+
 void Engine::Impl::ReleaseSettledHostCopies(std::unique_lock<std::mutex>* lock,
                                             bool wait) {
   if (pending_host_frees_.empty()) return;
@@ -104,15 +193,21 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
                              size_t* bytes) {
   *bytes = 0;
   struct Copy {
-    Buffer* buffer;
-    const char* src;
-    size_t size;
-    EventRef last_use;
+    Buffer* buffer = nullptr;
+    const char* src = nullptr;
+    size_t size = 0;
     EventRef ready;
+    // The last use: `last_use` (null: nothing to wait for) covers the
+    // epochs up to `covers`; `fresh`: the event is recorded below instead.
+    EventRef last_use;
+    uint64_t covers = 0;
+    uint64_t free_seq = 0;
+    bool fresh = false;
     void* host = nullptr;
   };
   std::vector<Copy> copies;
   copies.reserve(victims.size());
+  bool need_fresh = false;
   for (Buffer* v : victims) {
     LruRemove(v);
     v->state = BufferState::kPagingOut;
@@ -121,8 +216,22 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
       prefetch_.inflight_bytes -= v->size;
       v->prefetched = false;
     }
-    copies.push_back({v, v->device_ptr, v->size, v->last_use, v->ready});
+    copies.emplace_back();
+    Copy& c = copies.back();
+    c.buffer = v;
+    c.src = v->device_ptr;
+    c.size = v->size;
+    c.ready = v->ready;
+    c.fresh = !LastUseEventLocked(v->last_use_epoch, &c.last_use, &c.covers,
+                                  &c.free_seq);
+    need_fresh = need_fresh || c.fresh;
   }
+  // A victim's last use is stamped with an epoch no kept event covers
+  // (usually the open one): close it now; the event recorded below, after
+  // the close, follows the victim's last use.
+  uint64_t fresh_epoch = 0;
+  uint64_t fresh_free_seq = 0;
+  if (need_fresh) fresh_epoch = CloseEpochLocked(&fresh_free_seq);
   ReleaseSettledHostCopies(&lock, /*wait=*/false);
   const bool retry_after_drain = !pending_host_frees_.empty();
   lock.unlock();
@@ -130,8 +239,24 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
   const int64_t start = NowNs();
   Status status;
   Stream* d2h = device_->GetStream(StreamKind::kDeviceToHost);
+  EventRef fresh;
+  if (need_fresh) {
+    Status s;
+    fresh = device_->RecordEvent(device_->GetStream(StreamKind::kCompute), &s);
+    if (!fresh) {
+      // Without it nothing orders the copy after the last use: those
+      // victims stay resident (below, as for a failed copy).
+      status = s.ok() ? Internal("recording a last-use event failed") : s;
+    }
+  }
   bool drained = false;
   for (Copy& c : copies) {
+    if (c.fresh) {
+      if (!fresh) continue;
+      c.last_use = fresh;
+      c.covers = fresh_epoch;
+      c.free_seq = fresh_free_seq;
+    }
     Status s;
     c.host = host_pool_->Allocate(c.size, &s);
     if (c.host == nullptr && retry_after_drain && !drained) {
@@ -163,15 +288,17 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
   lock.lock();
   counters_.page_out_wait_ns += blocked;
   transitions_in_flight_ -= static_cast<int>(copies.size());
+  if (fresh) PublishEpochEventLocked(fresh_epoch, fresh, fresh_free_seq);
   for (Copy& c : copies) {
     Buffer* v = c.buffer;
     bool copied = c.host != nullptr && sync.ok();
+    if (copied && c.last_use) {
+      // The D2H stream waited for c.last_use before the synchronized copy:
+      // the epochs it covers are complete, and (fixed-address mode) so is
+      // every free numbered before it was recorded.
+      NoteEpochCompleteLocked(c.covers, c.free_seq);
+    }
     if (copied && fixed_) {
-      // The D2H copy waited for v's last use, so every free numbered before
-      // that use was recorded is complete too.
-      if (v->last_use) {
-        synced_seq_ = std::max(synced_seq_, v->last_use_free_seq);
-      }
       const BfcArena::Chunk* vc = arena_->chunk(v->chunk);
       Status us = ReleaseRangeFixed(vc->ptr, vc->size, Release::kEvicted);
       if (!us.ok()) {  // nothing unmapped: v stays resident, intact
@@ -198,7 +325,7 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
     v->chunk = BfcArena::kInvalidChunk;
     v->host_ptr = c.host;
     v->host_bytes = v->size;
-    v->last_use.reset();
+    v->last_use_epoch = 0;
     v->ready.reset();
     v->state = BufferState::kReclaimed;
     counters_.bytes_reclaimed += static_cast<int64_t>(v->size);
@@ -348,34 +475,36 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
 
 Status Engine::Impl::Unpin(Buffer* b) {
   if (b == nullptr) return InvalidArgument("buffer must not be null");
-  // Read before the event is recorded: every free numbered up to here came
-  // before it on the compute stream (fixed-address mode's unmap safety).
-  uint64_t free_seq = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (b->pin_count <= 0) {
-      return FailedPrecondition("unpin of buffer " + std::to_string(b->id) +
-                                " without a matching pin");
-    }
-    free_seq = free_seq_;
-  }
-  // The event marks the buffer's last use: every kernel enqueued so far.
-  Status status;
-  EventRef last_use =
-      device_->RecordEvent(device_->GetStream(StreamKind::kCompute), &status);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (b->pin_count <= 0) {
     return FailedPrecondition("unpin of buffer " + std::to_string(b->id) +
                               " without a matching pin");
   }
   const bool was_active = b->active();
   --b->pin_count;
-  if (last_use) {
-    b->last_use = std::move(last_use);
-    b->last_use_free_seq = free_seq;
-  }
+  // The kernels that used the buffer were enqueued before this call; the
+  // stamp, taken under mu_ like every close of an epoch, puts them before
+  // any event recorded once this epoch has closed.
+  b->last_use_epoch = open_epoch_;
   SetActivity(b, was_active);
-  return status;
+  if (++unpins_in_open_epoch_ < kUnpinsPerEpoch) return Status::Ok();
+  // Every kUnpinsPerEpoch unpins: close the epoch and keep an event for it,
+  // so that a page-out finds its victim's last use already covered by an
+  // event close behind it (it would otherwise record one that follows all
+  // work queued until then). The record runs with mu_ released, as copies
+  // and waits do; the event is kept under mu_ again.
+  uint64_t free_seq = 0;
+  const uint64_t epoch = CloseEpochLocked(&free_seq);
+  lock.unlock();
+  Status status;
+  EventRef event =
+      device_->RecordEvent(device_->GetStream(StreamKind::kCompute), &status);
+  // A failed record loses nothing: a page-out that needs this epoch falls
+  // back to a later kept event or records a fresh one.
+  if (!event) return Status::Ok();
+  lock.lock();
+  PublishEpochEventLocked(epoch, std::move(event), free_seq);
+  return Status::Ok();
 }
 
 Status Engine::Impl::MarkUnmovable(Buffer* b, void** device_ptr) {

@@ -620,6 +620,64 @@ TEST(DefragmentationMakesRoomAndMovesBytesIntact) {
   EXPECT_OK(f.engine_->CheckInvariants());
 }
 
+// Unpin stamps a last-use epoch instead of recording an event: a page-out or
+// a move must still wait for the kernel that last wrote the buffer. The
+// "kernel" is a slow copy on the compute stream into the buffer, enqueued
+// before the unpin; the buffer is then paged out (its epoch still open, or
+// closed by later unpins so that a kept event covers it) or moved, and must
+// hold the kernel's bytes, not the zeros it held before.
+TEST(PageOutAndMoveWaitForTheLastKernel) {
+  const size_t size = 128 * 1024;
+  const std::string pattern = Pattern(size, 11);
+  for (int mode = 0; mode < 3; ++mode) {  // open epoch, kept event, defrag
+    Fixture f(1 * kMiB, 16 * kMiB, true, /*defrag=*/mode == 2);
+    Status s;
+    void* src = f.engine_->AllocateRaw(size, &s);
+    EXPECT(src != nullptr);
+    if (src == nullptr) continue;
+    std::memcpy(src, pattern.data(), size);
+    Buffer* other = f.engine_->AllocateBuffer(256, false, &s);
+    // A gap below the buffer, so that compaction moves it.
+    Buffer* filler = f.engine_->AllocateBuffer(size, false, &s);
+    void* addr = nullptr;
+    Buffer* b = f.engine_->AllocateBuffer(size, /*pinned=*/true, &s, &addr);
+    EXPECT(filler != nullptr && b != nullptr && other != nullptr);
+    if (filler == nullptr || b == nullptr || other == nullptr) continue;
+    std::memset(addr, 0, size);
+    EXPECT_OK(f.engine_->FreeBuffer(filler));
+    Stream* compute = f.device_->GetStream(StreamKind::kCompute);
+    f.device_->DelayCopies(StreamKind::kCompute, 100 * 1000);
+    EXPECT_OK(f.device_->CopyDeviceToDevice(compute, addr, src, size));
+    f.device_->DelayCopies(StreamKind::kCompute, 0);
+    EXPECT_OK(f.engine_->Unpin(b));
+    if (mode == 1) {
+      for (int i = 0; i < 100; ++i) {  // closes the epoch b was stamped with
+        void* p = nullptr;
+        EXPECT_OK(f.engine_->Pin(other, &p));
+        EXPECT_OK(f.engine_->Unpin(other));
+      }
+    }
+    if (mode == 2) {
+      size_t moved = 0;
+      EXPECT_OK(f.engine_->Defragment(&moved));
+      EXPECT(moved >= size);
+      void* now = nullptr;
+      EXPECT_OK(f.engine_->Pin(b, &now));
+      EXPECT(now != addr);
+      EXPECT_OK(f.engine_->Unpin(b));
+    } else {
+      size_t reclaimed = 0;
+      EXPECT_OK(f.engine_->ReclaimInactive(&reclaimed));
+      EXPECT(f.engine_->GetBufferState(b) == BufferState::kReclaimed);
+    }
+    EXPECT(Holds(f.engine_.get(), b, pattern));
+    EXPECT_OK(f.engine_->FreeBuffer(b));
+    EXPECT_OK(f.engine_->FreeBuffer(other));
+    f.engine_->DeallocateRaw(src);
+    EXPECT_OK(f.engine_->CheckInvariants());
+  }
+}
+
 TEST(UnmovableBufferIsNeverMovedOrReclaimed) {
   Fixture f(1 * kMiB, 16 * kMiB, true, true);
   Status s;
