@@ -256,6 +256,7 @@ def test_engine_step_is_never_below_lb2_on_a_real_trace(mobilenet_trace: Trace) 
     plan = build_plan(trace, GPU)
     launch = GPU.launch_overhead_us * 1e-6
     peak = peak_live_bytes(plan)
+    checked = 0
     for frac in (0.5, 0.7):
         mem = int(peak * frac) // MIB * MIB
         for prefetch in (False, True):
@@ -266,3 +267,30 @@ def test_engine_step_is_never_below_lb2_on_a_real_trace(mobilenet_trace: Trace) 
             assert r.step_time_s >= lb2 - EPS
             res = ideal(plan, mem, 12.0, launch, 10e-6)
             assert res.fits and res.step_time_s >= lb2 - EPS
+            checked += 1
+    assert checked >= 2  # the engine ran the step below its peak
+
+
+# ------------------------------------------------------------------ hooks
+
+
+def test_simulate_reports_both_yardsticks_per_lms_run_and_the_table_shows_them() -> None:
+    from tests.test_planner import machine
+    from tflms.planner.report import format_simulate, overhead_table
+    from tflms.planner.simulate import overhead_points, simulate_step
+
+    m = machine(6 * MIB, link="pcie3")
+    report, _ = simulate_step(chain_trace(), m)
+    for run in report["lms"]:
+        assert run["fits"]
+        assert run["lb2_s"] <= run["ideal_s"]
+        assert run["lb2_ratio"] == pytest.approx(run["step_time_s"] / run["lb2_s"])
+        assert run["ideal_ratio"] == pytest.approx(run["step_time_s"] / run["ideal_s"])
+        assert run["step_time_s"] >= run["lb2_s"]
+    text = format_simulate(report)
+    assert "vs ideal" in text and "vs LB2" in text and "Yardsticks: LB2" in text
+    assert "vs roofline" not in text
+    rows = overhead_points(chain_trace(), m, [4])
+    table = overhead_table(rows)
+    assert "vs ideal" in table and "vs LB2" in table
+    assert f"{rows[0]['ideal_ratio']:.2f}x" in table

@@ -23,6 +23,7 @@ from tflms.planner.replay import (
     swap_bound_s,
 )
 from tflms.planner.search import SearchResult, largest_fitting
+from tflms.planner.yardsticks import Yardsticks, annotate, yardsticks
 
 if TYPE_CHECKING:
     from tflms.trace.format import Trace
@@ -182,7 +183,9 @@ def trace_json(trace: Trace) -> dict[str, Any]:
     }
 
 
-def lms_json(result: ReplayResult, unlimited_s: float, plan: StepPlan) -> dict[str, Any]:
+def lms_json(
+    result: ReplayResult, unlimited_s: float, plan: StepPlan, ys: Yardsticks | None = None
+) -> dict[str, Any]:
     out = result.to_json()
     out["label"] = result.config.label()
     if result.fits:
@@ -198,7 +201,22 @@ def lms_json(result: ReplayResult, unlimited_s: float, plan: StepPlan) -> dict[s
         out["swap_bound_s"] = bound
         out["swap_bound_ratio"] = result.step_time_s / bound if bound > 0 else 1.0
         out["page_in_stall_s"] = result.step_stats.get("page_in_stall_ns", 0) * 1e-9
+    if ys is not None:
+        annotate(out, ys)
     return out
+
+
+def machine_yardsticks(plan: StepPlan, machine: Machine, steps: int) -> Yardsticks:
+    """LB2 and the Ideal schedule for this plan on this machine (yardsticks.py)."""
+    cfg = machine.config()
+    return yardsticks(
+        plan,
+        cfg.device_memory,
+        cfg.link_gbps,
+        machine.gpu.launch_overhead_us * 1e-6,
+        cfg.link_latency_us * 1e-6,
+        steps=steps,
+    )
 
 
 def simulate_step(
@@ -252,6 +270,7 @@ def simulate_step(
     finally:
         bar.close()
     unlimited_s = unlimited.step_time_s
+    ys = machine_yardsticks(plan, machine, steps)
     report: dict[str, Any] = {
         "trace": trace_json(trace),
         "batch_size": trace.batch_size,
@@ -269,7 +288,7 @@ def simulate_step(
             "compute_time_s": plan.compute_s,
             "samples_per_s": trace.batch_size / unlimited_s if unlimited_s > 0 else 0.0,
         },
-        "lms": [lms_json(r, unlimited_s, plan) for r in runs],
+        "lms": [lms_json(r, unlimited_s, plan, ys) for r in runs],
     }
     return report, recorded
 
@@ -499,11 +518,12 @@ def overhead_points(
             unlimited = replay_unlimited(plan, machine.gpu, machine.link_gbps, steps=steps)
             bar.update(1)
             for m in targets:
+                ys = machine_yardsticks(plan, m, steps)
                 for prefetch in (False, True):
                     bar.set_postfix_str(f"batch {batch} {m.link_name} prefetch={prefetch}")
                     r = replay(plan, m.gpu, m.config(prefetch=prefetch), steps=steps)
                     bar.update(1)
-                    row = lms_json(r, unlimited.step_time_s, plan)
+                    row = lms_json(r, unlimited.step_time_s, plan, ys)
                     row.update(
                         batch_size=batch,
                         link=m.link_name,
