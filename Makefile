@@ -12,7 +12,7 @@ CORE_HDRS := $(wildcard core/include/tflms/*.h core/src/*.h)
 CXXFLAGS_CORE := -std=c++17 -Wall -Wextra -Werror -Icore/include -Icore/src -pthread
 
 .PHONY: help install test test-fast lint cpp-test sanitize cuda-test patches verify verify-all \
-        verify-nightly bench demo results soak wheel clean addon-check
+        verify-nightly bench demo results soak wheel clean addon-check addon-check-all
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -27,9 +27,10 @@ $(VENV)/.installed: pyproject.toml setup.py $(CORE_SRCS) $(CORE_HDRS) tflms/_nat
 install: $(VENV)/.installed ## Create .venv, build the engine extension, install tflms + TensorFlow (CPU)
 
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
-test: install cpp-test sanitize $(if $(HAVE_NVCC),cuda-test) lint ## Every test: C++ engine (plain, ASan+UBSan, TSan), CUDA build, ruff, pytest, patch verification
+test: install cpp-test sanitize $(if $(HAVE_NVCC),cuda-test) lint ## Every test: C++ engine (plain, ASan+UBSan, TSan), CUDA build, ruff, pytest, patch verification, the add-on for the newest TensorFlow
 	$(PY) -m pytest -q -m "not slow" tests
 	$(MAKE) verify
+	$(MAKE) addon-check
 
 test-fast: install ## Python tests without TensorFlow
 	$(PY) -m pytest -q -m "not slow and not tf" tests
@@ -64,8 +65,12 @@ $(BUILD)/cuda_engine_test: core/tests/cuda_engine_test.cu core/src/cuda_device.c
 cuda-test: $(BUILD)/cuda_engine_test ## Build the CUDA backend with nvcc and run it (skips without a GPU)
 	$(BUILD)/cuda_engine_test
 
-addon-check: install ## The stock-wheel add-on: build it against the tensorflow GPU wheel (venv in ~/.cache/tflms/venvs/gpu-2.21.0), link check, CPU run (docs/addon.md)
-	$(PY) -m pytest -q -m slow tests/test_addon.py
+addon-check: install ## The stock-wheel add-on for the newest TensorFlow (CI): build it against the tensorflow GPU wheel (venv in ~/.cache/tflms/venvs/gpu-<version>), link check, CPU run (docs/addon.md)
+	TFLMS_ADDON_TF_VERSIONS=$(TF_VERSION) $(PY) -m pytest -q -m slow --durations=5 tests/test_addon.py
+
+addon-check-all: install ## The same for every supported TensorFlow, each against its own GPU wheel (about 5 min per version, cold)
+	@test -n "$(TF_VERSIONS)" || { echo "no supported versions read from tflms.patch"; exit 1; }
+	TFLMS_ADDON_TF_VERSIONS="$(TF_VERSIONS)" $(PY) -m pytest -q -m slow --durations=0 tests/test_addon.py
 
 # Every supported tag, oldest first (tflms/patch/__init__.py: SUPPORTED_VERSIONS).
 TF_VERSIONS = $(shell $(PY) -c 'from tflms.patch import SUPPORTED_VERSIONS as v; print(*v)' 2>/dev/null)

@@ -1,18 +1,21 @@
 """tflms.addon: LMS for the stock TensorFlow GPU wheel, checked without a GPU.
 
-The slow tests install the stock `tensorflow` 2.21.0 GPU wheel into a virtual environment
-of its own ($TFLMS_CACHE_DIR/venvs/gpu-2.21.0, created once: from the wheel cached in
-~/.cache/tflms/wheels when it is there, else from PyPI through pip's cache), build the
+The slow tests run once per TensorFlow version in $TFLMS_ADDON_TF_VERSIONS (space-separated;
+default: the newest supported, 2.21.0). For each, they install that version's stock
+`tensorflow` GPU wheel into a virtual environment of its own ($TFLMS_CACHE_DIR/venvs/
+gpu-<version>, created once: from a wheel cached in ~/.cache/tflms/wheels when there is one,
+else from PyPI through pip's cache; a failed download fails the test, naming it), build the
 add-on there against that wheel's headers and libtensorflow_framework.so.2, check that the
 library resolves every symbol against that wheel alone (CUDA's included: the wheel's
 framework library exports lazily loading stubs of the CUDA runtime and driver), load it,
 and run a TensorFlow program on the CPU with the LMS names installed: its results must be
-identical to the same program without the add-on. Cold, that takes a few minutes (about
-40 s of pip, 2 minutes of compiling on two cores); cached, well under a minute.
-`make addon-check` runs them.
+identical to the same program without the add-on. Cold, that takes a few minutes per
+version (about 1 to 1.5 minutes of pip, 2 minutes of compiling on two cores); cached, well
+under a minute. `make addon-check` runs them for the newest version (in CI, `make test`),
+`make addon-check-all` for every supported one.
 
-The other tests need only the checkout's tensorflow-cpu: what the add-on says when it
-cannot work (CPU wheel, wrong version, no compiler, missing header).
+The other tests need only the checkout's tensorflow-cpu and g++: what the add-on says when
+it cannot work (CPU wheel, wrong version, no compiler, missing header).
 """
 
 from __future__ import annotations
@@ -25,42 +28,62 @@ from pathlib import Path
 
 import pytest
 
+from tflms.patch import NEWEST_VERSION, SUPPORTED_VERSIONS
+
 pytestmark = pytest.mark.tf
 
 ROOT = Path(__file__).resolve().parent.parent
-VERSION = "2.21.0"
+CSRC = ROOT / "tflms" / "addon" / "csrc"
+VERSION = NEWEST_VERSION
 CACHE = Path(os.environ.get("TFLMS_CACHE_DIR") or Path.home() / ".cache" / "tflms")
-GPU_VENV = CACHE / "venvs" / f"gpu-{VERSION}"
-CACHED_WHEEL = CACHE / "wheels" / f"tensorflow-{VERSION}-cp311-cp311-manylinux_2_27_x86_64.whl"
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT), "TFLMS_QUIET_BUILD": "1"}
 
 
-def _gpu_python() -> Path:
-    """The GPU-wheel environment's interpreter, created on first use."""
-    python = GPU_VENV / "bin" / "python"
-    ready = GPU_VENV / ".tflms-ready"
+def _versions_to_check() -> list[str]:
+    versions = (os.environ.get("TFLMS_ADDON_TF_VERSIONS") or VERSION).split()
+    unknown = [v for v in versions if v not in SUPPORTED_VERSIONS]
+    if unknown:
+        raise ValueError(
+            f"TFLMS_ADDON_TF_VERSIONS names {' '.join(unknown)}: the add-on supports "
+            f"{', '.join(SUPPORTED_VERSIONS)} (tflms/patch/__init__.py SUPPORTED_VERSIONS)"
+        )
+    return versions
+
+
+CHECKED_VERSIONS = _versions_to_check()
+
+
+def _gpu_python(version: str) -> Path:
+    """The interpreter of the environment with the GPU wheel of `version`, made on first use."""
+    venv = CACHE / "venvs" / f"gpu-{version}"
+    python = venv / "bin" / "python"
+    ready = venv / ".tflms-ready"
     if ready.is_file() and python.is_file():
         return python
     if not python.is_file():
         base = getattr(sys, "_base_executable", sys.executable)
-        subprocess.run([base, "-m", "venv", str(GPU_VENV)], check=True)
+        subprocess.run([base, "-m", "venv", str(venv)], check=True)
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-    wheel = CACHED_WHEEL if CACHED_WHEEL.is_file() and tag in CACHED_WHEEL.name else None
-    dist = str(wheel) if wheel else f"tensorflow=={VERSION}"
+    cached = sorted((CACHE / "wheels").glob(f"tensorflow-{version}-{tag}-{tag}-*.whl"))
+    dist = str(cached[-1]) if cached else f"tensorflow=={version}"
     proc = subprocess.run(
         [str(python), "-m", "pip", "install", "-q", dist, "tqdm", "pybind11"],
         capture_output=True,
         text=True,
         check=False,
     )
-    assert proc.returncode == 0, f"pip install {dist} failed:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"pip install {dist} into {venv} failed (the stock GPU wheel is about 600 MB from "
+        f"PyPI: network or disk?); the add-on for TensorFlow {version} was NOT checked:\n"
+        f"{proc.stderr[-3000:]}"
+    )
     ready.write_text(dist + "\n")
     return python
 
 
-def _run_gpu_wheel(code: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+def _run_gpu_wheel(version: str, code: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(_gpu_python()), "-c", code],
+        [str(_gpu_python(version)), "-c", code],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -70,14 +93,24 @@ def _run_gpu_wheel(code: str, timeout: int = 900) -> subprocess.CompletedProcess
     )
 
 
+@pytest.fixture(scope="module", params=CHECKED_VERSIONS)
+def version(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def addon_library() -> Path:
+def addon_library(version: str) -> Path:
     proc = _run_gpu_wheel(
-        "from tflms._addon_build import library_path\nprint('LIB', library_path(quiet=True)[0])"
+        version,
+        "from tflms._addon_build import library_path\n"
+        "path, version = library_path(quiet=True)\n"
+        "print('LIB', version, path)",
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("LIB ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return Path(lines[0].split(" ", 1)[1])
+    _, built_for, path = lines[0].split(" ", 2)
+    assert built_for == version
+    return Path(path)
 
 
 def _framework(library: Path) -> Path:
@@ -179,27 +212,28 @@ print("DIGEST", digest.hexdigest())
 """
 
 
-def _digest(mode: str) -> str:
-    proc = _run_gpu_wheel(f"import sys; sys.argv = ['p', {mode!r}]\n{PROGRAM}")
+def _digest(version: str, mode: str) -> str:
+    proc = _run_gpu_wheel(version, f"import sys; sys.argv = ['p', {mode!r}]\n{PROGRAM}")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("DIGEST ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     return lines[0]
 
 
 @pytest.mark.slow
-def test_program_on_cpu_is_unchanged_with_the_addon(addon_library: Path) -> None:
-    assert _digest("addon") == _digest("stock")
+def test_program_on_cpu_is_unchanged_with_the_addon(addon_library: Path, version: str) -> None:
+    assert _digest(version, "addon") == _digest(version, "stock")
 
 
 @pytest.mark.slow
-def test_import_after_devices_exist_says_what_to_change(addon_library: Path) -> None:
+def test_import_after_devices_exist_says_what_to_change(addon_library: Path, version: str) -> None:
     proc = _run_gpu_wheel(
+        version,
         "import tensorflow as tf\n"
         "tf.constant(1.0) + 1.0\n"
         "try:\n"
         "    import tflms.addon\n"
         "except RuntimeError as e:\n"
-        "    print('ERR', type(e).__name__, e)\n"
+        "    print('ERR', type(e).__name__, e)\n",
     )
     assert "ERR AddonError" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     assert "before the first TensorFlow op" in proc.stdout
@@ -225,10 +259,48 @@ def test_cpu_wheel_is_refused_naming_the_gpu_wheel() -> None:
 
 
 def test_unsupported_version_names_the_supported_ones() -> None:
-    from tflms._addon_build import BuildError, check_tensorflow_version
+    from tflms._addon_build import SUPPORTED_TF_VERSIONS, BuildError, check_tensorflow_version
 
-    with pytest.raises(BuildError, match=r"TensorFlow 2\.21\.0 only.*tensorflow==2\.21\.0"):
-        check_tensorflow_version("2.20.0")
+    # One add-on per tag the patch supports.
+    assert SUPPORTED_TF_VERSIONS == SUPPORTED_VERSIONS
+    for supported in SUPPORTED_VERSIONS:
+        check_tensorflow_version(supported)
+    with pytest.raises(
+        BuildError, match=r"TensorFlow 2\.19\.1, 2\.20\.0, 2\.21\.0 only.*tensorflow==2\.21\.0"
+    ):
+        check_tensorflow_version("2.18.0")
+
+
+def _version_gate(major: int, minor: int, patch: int) -> subprocess.CompletedProcess[str]:
+    from tflms import _wheel_build
+
+    return subprocess.run(
+        [
+            _wheel_build.compiler(),
+            "-fsyntax-only",
+            "-x",
+            "c++",
+            *_wheel_build.version_macros(f"{major}.{minor}.{patch}"),
+            str(CSRC / "tf_version.h"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_compile_time_gate_accepts_exactly_the_supported_versions() -> None:
+    # The C++ side refuses another TensorFlow by itself (a library built by hand, or a
+    # version added to Python's list only), naming the supported ones.
+    for supported in SUPPORTED_VERSIONS:
+        proc = _version_gate(*map(int, supported.split(".")))
+        assert proc.returncode == 0, proc.stderr
+    names = ", ".join(SUPPORTED_VERSIONS)
+    for other in [(2, 18, 0), (2, 20, 1), (2, 22, 0)]:
+        proc = _version_gate(*other)
+        assert proc.returncode != 0
+        assert f"supports TensorFlow {names} only" in proc.stderr, proc.stderr
+        assert "SUPPORTED_VERSIONS" in proc.stderr
 
 
 def test_missing_compiler_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tflms import _wheel_build
 from tflms._wheel_build import BuildError, LibrarySpec
+from tflms.patch import SUPPORTED_VERSIONS
 
 __all__ = [
     "SPEC",
@@ -28,7 +29,10 @@ __all__ = [
     "library_path",
 ]
 
-SUPPORTED_TF_VERSIONS = ("2.21.0",)
+# One add-on per tag the patch supports, each built against that version's own GPU wheel
+# (no stable C++ ABI). The C++ side checks the same list at compile time
+# (csrc/lms_gpu_device.cc, from the TF_*_VERSION macros the build defines).
+SUPPORTED_TF_VERSIONS = SUPPORTED_VERSIONS
 CSRC = Path(__file__).resolve().parent / "addon" / "csrc"
 TFCPU_CSRC = Path(__file__).resolve().parent / "tfcpu" / "csrc"
 
@@ -52,6 +56,9 @@ SPEC = LibrarySpec(
     # not defined for the public wheel). The driver's entry points are linked from the
     # wheel's stubs (see core/src/cuda_device.h).
     extra_flags=("-DGOOGLE_CUDA=1", "-DTFLMS_CUDA_LINKED_DRIVER"),
+    # TF_MAJOR_VERSION etc., which the 2.20+ headers expect from the build
+    # (public/release_version.h): the add-on's code switches on them.
+    define_version_macros=True,
     wheel_include_dirs=("third_party/gpus/cuda/include",),
     digest_files=(Path(__file__).resolve(), TFCPU_CSRC / "tensor_hooks.cc"),
 )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,6 +65,12 @@ class LibrarySpec:
     wheel_include_dirs: tuple[str, ...] = ()
     # Beyond libtensorflow_framework.so.2: link the C++ API and the Python bindings too.
     link_cc_and_pywrap: bool = False
+    # Define TF_MAJOR_VERSION, TF_MINOR_VERSION, TF_PATCH_VERSION and TF_VERSION_SUFFIX
+    # from the wheel's version, as TensorFlow's own build does: from 2.20 on,
+    # tensorflow/core/public/release_version.h expects them from the build, so the wheel's
+    # headers alone do not say which TensorFlow they are (2.19's version.h still defines
+    # them, with the same values).
+    define_version_macros: bool = False
     # Files that change what is built (each front-end's _build.py).
     digest_files: tuple[Path, ...] = field(default_factory=tuple)
 
@@ -90,6 +97,21 @@ def check_tensorflow_version(spec: LibrarySpec, version: str) -> None:
             f"{spec.distribution}=={spec.supported_versions[-1]}, or use the patch for your "
             f"version (tflms patch)."
         )
+
+
+def version_macros(version: str) -> list[str]:
+    """-D flags for TensorFlow's version macros, from its version string ("2.21.0")."""
+    match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(.*)", version)
+    if match is None:
+        raise BuildError(f"cannot read TensorFlow's version from {version!r}")
+    major, minor, patch, suffix = match.groups()
+    suffix = suffix.replace("\\", "").replace('"', "")
+    return [
+        f"-DTF_MAJOR_VERSION={major}",
+        f"-DTF_MINOR_VERSION={minor}",
+        f"-DTF_PATCH_VERSION={patch}",
+        f'-DTF_VERSION_SUFFIX="{suffix}"',
+    ]
 
 
 def compiler() -> str:
@@ -175,6 +197,7 @@ def library_path(
         CompileCheckError,
         _wheel_include,
         build_overlay,
+        llvm_fallback_flags,
         python_binding_flags,
         wheel_compile_flags,
     )
@@ -224,7 +247,11 @@ def library_path(
             str(overlay),
             *wheel_flags,
             *python_binding_flags(),
+            # The 2.19 wheel's StreamExecutor headers include LLVM's ADT, which it does not
+            # ship: the host's copy, searched last (nothing for 2.20 and later).
+            *llvm_fallback_flags(wheel_flags),
             *spec.extra_flags,
+            *(version_macros(version) if spec.define_version_macros else []),
         ]
         tf_include = _wheel_include(wheel_flags)
         for rel in spec.wheel_include_dirs:

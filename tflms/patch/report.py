@@ -105,6 +105,12 @@ def render_report(result: VerifyResult) -> str:
                 + ", ".join(f"[v{v}](verification-v{v}.md)" for v in older)
                 + ". Every tag's committed patch is checked for staleness in CI.",
                 "",
+                "The add-on for the stock GPU wheel (docs/addon.md) runs the same TensorFlow-side "
+                "files without the patch and is checked apart from this report: CI builds it "
+                f"against the `tensorflow` {NEWEST_VERSION} GPU wheel, checks its link and loads "
+                "it (`make addon-check`); `make addon-check-all` does the same for every "
+                "supported tag against its own wheel.",
+                "",
             ]
             if result.version == NEWEST_VERSION and own_wheel and older
             else []

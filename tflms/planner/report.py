@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -155,7 +156,11 @@ def yardstick_lines(lms: Sequence[dict[str, Any]]) -> list[str]:
         if r.get("ideal_s") is not None
         else "no ideal schedule (one op's pinned tensors alone exceed the GPU)"
     )
-    return ["", f"Yardsticks: LB2 {secs(r['lb2_s'])}; {ideal_txt}.", YARDSTICK_NOTE]
+    return [
+        "",
+        f"Yardsticks: LB2 {secs(r['lb2_s'])}; {ideal_txt}.",
+        textwrap.fill(YARDSTICK_NOTE, 100),
+    ]
 
 
 def format_max_batch(

@@ -63,6 +63,8 @@
 #include "tensorflow/core/platform/logging.h"
 #include "tensorflow/core/protobuf/config.pb.h"
 #include "tensorflow/core/public/session_options.h"
+#include "tensorflow/core/public/version.h"
+#include "tf_version.h"  // after version.h: refuses an unsupported TensorFlow
 #include "tflms/engine.h"
 #include "xla/stream_executor/stream.h"
 
