@@ -12,7 +12,7 @@ CORE_HDRS := $(wildcard core/include/tflms/*.h core/src/*.h)
 CXXFLAGS_CORE := -std=c++17 -Wall -Wextra -Werror -Icore/include -Icore/src -pthread
 
 .PHONY: help install test test-fast lint cpp-test sanitize cuda-test patches verify verify-all \
-        verify-nightly bench demo results soak wheel clean addon-check addon-check-all
+        verify-nightly bench demo results transformers soak wheel clean addon-check addon-check-all
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -21,7 +21,8 @@ $(VENV)/.installed: pyproject.toml setup.py $(CORE_SRCS) $(CORE_HDRS) tflms/_nat
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q setuptools wheel "pybind11>=2.12"
-	$(PY) -m pip install -q --no-build-isolation -e '.[dev]'
+	$(PY) -m pip install -q --no-build-isolation -e '.[dev,models]'
+	$(PY) -m pip install -q --no-deps 'keras-hub==0.32.0'  # see pyproject.toml: models
 	touch $@
 
 install: $(VENV)/.installed ## Create .venv, build the engine extension, install tflms + TensorFlow (CPU)
@@ -93,8 +94,11 @@ bench: install ## Engine vs TensorFlow's own BFCAllocator, side by side
 demo: install ## The main job: ResNet50 on the 16 GB V100 machines (PCIe 3, NVLink 2), with and without LMS
 	$(PY) -m tflms demo
 
-results: install ## Regenerate docs/results.md (several models on real GPU/link machines, the TFLMS papers' rows)
+results: install transformers ## Regenerate every figure: docs/results.md (several models on real GPU/link machines, the TFLMS papers' rows) and docs/transformers.md
 	$(PY) -m tflms results --force --json-output docs/results.json
+
+transformers: install ## Regenerate docs/transformers.md (keras-hub GPT-2, BERT, Llama on 16 GB V100s, fp32 and mixed)
+	$(PY) -m tflms transformers --force --json-output docs/transformers.json
 
 soak: install ## A million random engine operations against a reference model
 	$(PY) -m tests.soak --ops 1000000

@@ -29,7 +29,16 @@ from tflms.trace.format import (
 from tflms.trace.models import MODEL_NAMES, check_input_size, resolve_model_name
 
 REPO = Path(__file__).resolve().parents[1]
-DTYPE_SIZES = {"float32": 4, "int32": 4, "int64": 8, "float16": 2, "bool": 1, "float64": 8}
+DTYPE_SIZES = {
+    "float32": 4,
+    "int32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "bool": 1,
+    "float64": 8,
+}
 
 
 # ---------------------------------------------------------------------------- hand-made traces
@@ -321,7 +330,13 @@ def test_cached_trace_traces_once_then_rescales(
     monkeypatch.setenv("TFLMS_CACHE_DIR", str(tmp_path))
     calls: list[tuple[str, int]] = []
 
-    def fake_trace(model: str, batch: int, size: int | None = None, progress: bool = True) -> Trace:
+    def fake_trace(
+        model: str,
+        batch: int,
+        size: int | None = None,
+        progress: bool = True,
+        precision: str = "fp32",
+    ) -> Trace:
         calls.append((model, batch))
         return mobilenet
 

@@ -1,4 +1,4 @@
-"""`tflms simulate`, `tflms demo`, `tflms results`: the planner's commands.
+"""`tflms simulate`, `tflms demo`, `tflms results`, `tflms transformers`: the planner's commands.
 
 Nothing heavy is imported at module level: `tflms --help` stays instant.
 """
@@ -40,7 +40,17 @@ def add_parsers(sub: Any) -> None:
     src.add_argument("trace", nargs="?", help="trace file (.json or .json.gz) from `tflms trace`")
     src.add_argument("--model", help="trace this model instead (e.g. ResNet50, UNet3D); cached")
     src.add_argument("--batch", type=int, help="batch size (rescales the trace)")
-    src.add_argument("--input-size", type=int, help="input edge for --model (default: the model's)")
+    src.add_argument(
+        "--input-size",
+        type=int,
+        help="input edge for --model, or a transformer's sequence length (default: the model's)",
+    )
+    src.add_argument(
+        "--precision",
+        choices=("fp32", "mixed"),
+        default="fp32",
+        help="trace --model in fp32 (default) or mixed bfloat16 precision",
+    )
     gpu = p.add_argument_group("modelled machine")
     gpu.add_argument("--machine", help=_MACHINE_HELP)
     gpu.add_argument("--gpu", help=_GPU_HELP)
@@ -163,6 +173,21 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     r.set_defaults(func=cmd_results)
 
+    t = sub.add_parser(
+        "transformers",
+        help="regenerate docs/transformers.md (keras-hub GPT-2, BERT, Llama on 16 GB V100s)",
+        description="Trace keras-hub language models (random weights, nothing downloaded) and "
+        "replay them with and without LMS: parameter scaling, sequence-length scaling, and GPT-2 "
+        "1.5B with Adam in fp32 on a 16 GiB GPU. Needs keras-hub (`make install` adds it).",
+    )
+    t.add_argument("--output", default="docs/transformers.md", help="markdown file to write")
+    t.add_argument("--json-output", help="also write the raw results as JSON here")
+    t.add_argument("--from-json", metavar="FILE", help="rewrite the markdown from saved JSON")
+    t.add_argument("--quick", action="store_true", help="GPT-2 355M only: check the pipeline")
+    t.add_argument("--force", action="store_true", help="overwrite a file tflms did not write")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    t.set_defaults(func=cmd_transformers)
+
 
 def _fail(msg: str) -> int:
     print(f"tflms: error: {msg}", file=sys.stderr)
@@ -279,9 +304,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.max_size:
         from tflms.trace.cache import cached_trace
 
-        model, batch = args.model, trace.batch_size
+        model, batch, precision = args.model, trace.batch_size, args.precision
         report["max_size"] = max_size(
-            lambda size: cached_trace(model, batch, input_size=size),
+            lambda size: cached_trace(model, batch, input_size=size, precision=precision),
             machine,
             start_size=args.input_size or _default_size(model),
             prefetch=prefetch,
@@ -403,7 +428,13 @@ def _load_trace(args: argparse.Namespace, progress: bool) -> Any:
     if args.trace:
         return load_trace(args.trace)
     model = resolve_model_name(args.model)
-    return cached_trace(model, args.batch or 32, input_size=args.input_size, progress=progress)
+    return cached_trace(
+        model,
+        args.batch or 32,
+        input_size=args.input_size,
+        progress=progress,
+        precision=args.precision,
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -497,4 +528,49 @@ def cmd_results(args: argparse.Namespace) -> int:
     )
     save(res)
     print(f"wrote {out} ({res['wall_s'] / 60:.1f} min of replays)")
+    return 0
+
+
+def cmd_transformers(args: argparse.Namespace) -> int:
+    reason = _engine_ready()
+    if reason:
+        return _fail(reason)
+    from tflms.planner.transformers import (
+        TRANSFORMERS_MARKER,
+        run_transformers,
+        transformers_markdown,
+    )
+
+    out = Path(args.output)
+    reason = _check_writable(out, args.force, TRANSFORMERS_MARKER)
+    if reason:
+        return _fail(reason)
+    if args.from_json:
+        try:
+            saved = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
+            text = transformers_markdown(saved)
+        except (OSError, ValueError, KeyError) as exc:
+            return _fail(f"cannot rebuild the figures from {args.from_json}: {exc}")
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out}")
+        return 0
+    try:
+        import keras_hub  # noqa: F401
+    except ImportError:
+        return _fail(
+            "keras-hub is not installed: `make install` adds it, or "
+            "`pip install 'tflms[models]' && pip install --no-deps keras-hub`"
+        )
+
+    def save(res: dict[str, Any]) -> None:
+        # Written after every point, so a long run that is stopped keeps what it found.
+        if args.json_output:
+            Path(args.json_output).write_text(json.dumps(res, indent=2), encoding="utf-8")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(transformers_markdown(res), encoding="utf-8")
+
+    res = run_transformers(
+        progress=not args.no_progress and sys.stderr.isatty(), save=save, quick=args.quick
+    )
+    print(f"wrote {out} ({res['seconds'] / 60:.1f} min)")
     return 0

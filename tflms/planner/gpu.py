@@ -21,6 +21,13 @@ import re
 GIB = 1 << 30
 GB = 1e9
 
+# Achieved fraction of the 16-bit tensor-core peak on a mixed-precision step's ops: an
+# assumption, not a calibration (no published TensorFlow per-op transformer figure was at hand;
+# large-model training reports 40-55% of peak). docs/transformers.md labels these figures.
+HALF_EFFICIENCY = 0.40
+# Dense 16-bit tensor-core peaks in TFLOPS (fp16 on V100, bfloat16 from A100 on), by GPU family.
+HALF_PEAK_TFLOPS = {"v100": 125.0, "a100": 312.0, "h100": 989.0, "gh200": 989.0}
+
 # Share of the trace's per-op memory traffic (bytes_accessed: every input read and
 # output written in full) that real kernels move; fitted, see CALIBRATION below.
 MEMORY_TRAFFIC = 0.352
@@ -39,6 +46,9 @@ class GpuModel:
     launch_overhead_us: float  # host time to launch one op (TF executor + driver)
     description: str
     memory_traffic: float = MEMORY_TRAFFIC
+    # Dense 16-bit tensor-core peak (fp16 on V100, bfloat16 from A100 on): ops whose output is
+    # 16-bit run at HALF_EFFICIENCY of it.
+    half_peak_tflops: float = 0.0
 
     @property
     def flops_per_s(self) -> float:
@@ -59,14 +69,23 @@ class GpuModel:
     def with_tflops(self, effective_tflops: float) -> GpuModel:
         """The same GPU with an effective compute rate of `effective_tflops`."""
         return dataclasses.replace(
-            self, peak_tflops=effective_tflops, compute_efficiency=1.0, name=f"{self.name}*"
+            self,
+            peak_tflops=effective_tflops,
+            compute_efficiency=1.0,
+            half_peak_tflops=0.0,
+            name=f"{self.name}*",
         )
 
-    def op_seconds(self, flops: float, bytes_accessed: float) -> float:
-        """Kernel time of one op on this GPU (no launch cost)."""
-        return max(
-            flops / self.flops_per_s, bytes_accessed * self.memory_traffic / self.bytes_per_s
-        )
+    @property
+    def half_flops_per_s(self) -> float:
+        if self.half_peak_tflops <= 0:
+            return self.flops_per_s
+        return max(self.flops_per_s, self.half_peak_tflops * 1e12 * HALF_EFFICIENCY)
+
+    def op_seconds(self, flops: float, bytes_accessed: float, half: bool = False) -> float:
+        """Kernel time of one op on this GPU (no launch cost); `half`: a 16-bit op."""
+        rate = self.half_flops_per_s if half else self.flops_per_s
+        return max(flops / rate, bytes_accessed * self.memory_traffic / self.bytes_per_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +133,7 @@ CALIBRATION: dict[str, Calibration] = {
 # cuDNN reaches on fp32 convolutions (0.80). MEMORY_TRAFFIC is then fitted to
 # the V100 figure, and the A100's compute efficiency to the A100 figure.
 GPUS: dict[str, GpuModel] = {
-    g.name: g
+    g.name: dataclasses.replace(g, half_peak_tflops=HALF_PEAK_TFLOPS[g.name.split("-")[0]])
     for g in (
         GpuModel("v100-16gb", 16 * GIB, 15.7, 900.0, 0.80, 0.80, 5.0, "NVIDIA V100 SXM2 16 GB"),
         GpuModel("v100-32gb", 32 * GIB, 15.7, 900.0, 0.80, 0.80, 5.0, "NVIDIA V100 SXM2 32 GB"),

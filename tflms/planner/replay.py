@@ -129,6 +129,14 @@ def _slice_root(op: OpInfo, tensors: dict[int, TensorInfo], out: int) -> int | N
     return None
 
 
+HALF_DTYPES = frozenset({"float16", "bfloat16"})
+
+
+def _is_half(op: OpInfo, tensors: dict[int, TensorInfo]) -> bool:
+    """A 16-bit op (mixed precision): its first output is float16 or bfloat16."""
+    return bool(op.outputs) and tensors[op.outputs[0]].dtype in HALF_DTYPES
+
+
 def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan:
     """Derives liveness, in-place forwarding, views, pins and kernel times.
 
@@ -234,7 +242,9 @@ def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan
         inputs.append(ins)
         outputs.append(tuple((t, sizes[t]) for t in outs))
         forwards.append(tuple(fwd))
-        kernel_s.append(gpu.op_seconds(float(op.flops), float(op.bytes_accessed)))
+        kernel_s.append(
+            gpu.op_seconds(float(op.flops), float(op.bytes_accessed), _is_half(op, infos))
+        )
     return StepPlan(
         persistent=[(t.id, sizes[t.id]) for t in trace.tensors if t.persistent and sizes[t.id] > 0],
         step_inputs=step_inputs,

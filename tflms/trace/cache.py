@@ -38,23 +38,29 @@ def _tensorflow_version() -> str:
     return str(tf.__version__)
 
 
-def cache_path(model: str, input_size: int | None = None) -> Path:
-    """Where the trace of a model at an input size is cached (any batch size)."""
-    from tflms.trace.capture import CAPTURE_REVISION
+def cache_path(model: str, input_size: int | None = None, precision: str = "fp32") -> Path:
+    """Where the trace of a model at an input size and precision is cached (any batch size)."""
+    from tflms.trace.capture import CAPTURE_REVISION, check_precision
 
     name = resolve_model_name(model)
     size = check_input_size(name, input_size)
+    check_precision(precision)
     version = re.sub(r"[^0-9A-Za-z.]+", "_", _tensorflow_version())
-    stem = f"{name}-s{size}-tf{version}-v{FORMAT_VERSION}r{CAPTURE_REVISION}"
+    mixed = "" if precision == "fp32" else f"-{precision}"
+    stem = f"{name}-s{size}{mixed}-tf{version}-v{FORMAT_VERSION}r{CAPTURE_REVISION}"
     return cache_dir() / f"{stem}.json.gz"
 
 
 def cached_trace(
-    model: str, batch_size: int, input_size: int | None = None, progress: bool = True
+    model: str,
+    batch_size: int,
+    input_size: int | None = None,
+    progress: bool = True,
+    precision: str = "fp32",
 ) -> Trace:
     """The trace of `model` at `batch_size`: from the cache (rescaled) when present, else traced
     once at this batch size and cached. A corrupt cache file is replaced."""
-    path = cache_path(model, input_size)
+    path = cache_path(model, input_size, precision)
     if path.exists():
         try:
             trace = load_trace(path)
@@ -65,7 +71,7 @@ def cached_trace(
             return trace if trace.batch_size == batch_size else trace.rescaled(batch_size)
     from tflms.trace.capture import trace_model
 
-    trace = trace_model(model, batch_size, input_size, progress=progress)
+    trace = trace_model(model, batch_size, input_size, progress=progress, precision=precision)
     save_trace(trace, path)
     log.info("cached trace at %s", path)
     return trace

@@ -14,11 +14,18 @@ into a tf.function graph with static shapes; the graph is then walked:
 - which tensors scale with the batch is measured, not guessed: the step is traced a second time at
   batch + 1 and the two graphs are compared tensor by tensor.
 
+Transformers (keras-hub) train a language-model step instead: token ids in, cross-entropy over the
+vocabulary at every position, Adam. Their variables are created without storage (handles only,
+tflms.trace.transformers.variables_without_storage), so a model larger than this machine's memory
+traces; the graph is the same as with real variables. `precision="mixed"` traces under Keras'
+mixed_bfloat16 policy (bfloat16 compute, float32 variables and optimizer state).
+
 See docs/trace-format.md for the format and these modelling choices.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import os
@@ -30,8 +37,10 @@ from typing import Any
 from tflms.trace.costs import ALIAS_OPS, estimate_flops
 from tflms.trace.format import OpInfo, TensorInfo, Trace
 from tflms.trace.models import (
+    MODEL_SPECS,
     build_model,
     check_input_size,
+    input_dtype,
     input_shape,
     label_shape,
     resolve_model_name,
@@ -40,10 +49,23 @@ from tflms.trace.models import (
 log = logging.getLogger(__name__)
 
 # Bump when the way traces are extracted changes, so cached traces are re-made.
-CAPTURE_REVISION = 1
+CAPTURE_REVISION = 2  # 2: segment sums cost their input, transformers
 
-OPTIMIZER_DESCRIPTION = "SGD(learning_rate=0.01, momentum=0.9)"
+OPTIMIZER_DESCRIPTIONS = {
+    "sgd": "SGD(learning_rate=0.01, momentum=0.9)",
+    "adam": "Adam(learning_rate=1e-4)",
+}
 LOSS_DESCRIPTION = "SparseCategoricalCrossentropy"
+# Trace precisions: Keras dtype policies. Mixed precision uses bfloat16, which needs no loss
+# scaling (float16's dynamic loss scale is a conditional update that a flat step cannot hold; its
+# memory is a few scalars per variable).
+PRECISIONS = {"fp32": "float32", "mixed": "mixed_bfloat16"}
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    return precision
 
 
 def _import_tensorflow() -> tuple[Any, Any]:
@@ -55,19 +77,30 @@ def _import_tensorflow() -> tuple[Any, Any]:
 
 
 def trace_model(
-    model: str, batch_size: int, input_size: int | None = None, progress: bool = True
+    model: str,
+    batch_size: int,
+    input_size: int | None = None,
+    progress: bool = True,
+    precision: str = "fp32",
+    variables_without_storage: bool | None = None,
 ) -> Trace:
     """Trace one training step of `model` (a name in MODEL_NAMES) at `batch_size`.
 
-    input_size is the image edge (or the U-Net's cube edge); None uses the model's default.
+    input_size is the image edge (the U-Net's cube edge, a transformer's sequence length); None
+    uses the model's default. precision is a key of PRECISIONS. variables_without_storage (default:
+    for the transformers) creates the variables as handles without values.
     Resets Keras' global state (clear_session) so op names do not depend on earlier models.
     """
     from tqdm import tqdm
 
     name = resolve_model_name(model)
     size = check_input_size(name, input_size)
+    spec = MODEL_SPECS[name]
+    check_precision(precision)
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    if variables_without_storage is None:
+        variables_without_storage = spec.text
     started = time.perf_counter()
     with tqdm(
         total=4, desc=f"trace {name} b{batch_size}", disable=not progress, unit="stage"
@@ -76,12 +109,27 @@ def trace_model(
         tf, keras = _import_tensorflow()
         bar.set_postfix_str("building model")
         keras.backend.clear_session()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            net = build_model(name, size)
-        optimizer = keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
-        optimizer.build(net.trainable_variables)
-        step = _train_step(tf, net, optimizer, keras.losses.SparseCategoricalCrossentropy())
+        previous_policy = keras.config.dtype_policy()
+        storage = contextlib.nullcontext()
+        if variables_without_storage:
+            from tflms.trace.transformers import variables_without_storage as without_storage
+
+            storage = without_storage()
+        try:
+            keras.config.set_dtype_policy(PRECISIONS[precision])
+            with warnings.catch_warnings(), storage:
+                warnings.simplefilter("ignore")
+                net = build_model(name, size)
+                if spec.optimizer == "adam":
+                    optimizer = keras.optimizers.Adam(learning_rate=1e-4)
+                else:
+                    optimizer = keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+                optimizer.build(net.trainable_variables)
+        finally:
+            keras.config.set_dtype_policy(previous_policy)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=spec.text)
+        step = _train_step(tf, net, optimizer, loss)
+        parameters = sum(_num_elements(v.shape) for v in net.trainable_variables)
         bar.update(1)
 
         bar.set_postfix_str(f"tracing at batch {batch_size}")
@@ -101,15 +149,17 @@ def trace_model(
         model=name,
         batch_size=batch_size,
         input_shape=input_shape(name, size),
-        dtype="float32",
+        dtype=PRECISIONS[precision],
         tensorflow_version=tf.__version__,
         tensors=tensors,
         ops=ops,
         metadata={
             "input_size": size,
             "keras_version": keras.__version__,
-            "optimizer": OPTIMIZER_DESCRIPTION,
+            "optimizer": OPTIMIZER_DESCRIPTIONS[spec.optimizer],
             "loss": LOSS_DESCRIPTION,
+            "precision": precision,
+            "parameters": parameters,
             "graph_ops": extractor.graph_ops,
             "pruned_ops": extractor.pruned_ops,
             "capture_revision": CAPTURE_REVISION,
@@ -144,15 +194,25 @@ def _train_step(tf: Any, net: Any, optimizer: Any, loss_fn: Any) -> Any:
 
 
 def _trace_graph(tf: Any, step: Any, name: str, size: int, batch: int) -> Any:
-    images = tf.TensorSpec((batch, *input_shape(name, size)), tf.float32, name="images")
+    images = tf.TensorSpec(
+        (batch, *input_shape(name, size)), tf.as_dtype(input_dtype(name)), name="images"
+    )
     labels = tf.TensorSpec((batch, *label_shape(name, size)), tf.int32, name="labels")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return step.get_concrete_function(images, labels).graph
 
 
+# Ops whose output length depends on values, not shapes, but is bounded by their inputs' length:
+# BroadcastGradientArgs returns the axes to reduce a broadcast gradient over (at most the rank).
+BOUNDED_BY_INPUT_LENGTH = frozenset({"BroadcastGradientArgs"})
+
+
 def _static_shape(tensor: Any) -> tuple[int, ...]:
     shape = tensor.shape
+    if tensor.op.type in BOUNDED_BY_INPUT_LENGTH and shape.rank == 1:
+        # The largest it can be; a few bytes either way.
+        return (max(int(t.shape[0]) for t in tensor.op.inputs),)
     if shape.rank is None or not shape.is_fully_defined():
         raise ValueError(
             f"tensor {tensor.name} has a shape that is not static ({shape}); "

@@ -19,8 +19,9 @@ def add_parsers(sub: Any) -> None:
         "trace",
         help="capture a Keras model's training step as a trace (CPU, nothing executed)",
         description=(
-            "Build the training step (forward, loss, gradients, SGD-momentum update) of a model "
-            "as a TensorFlow graph without running it, and save its ops, tensors, persistent "
+            "Build the training step (forward, loss, gradients, optimizer update: SGD with "
+            "momentum for the vision models, Adam for the transformers) of a model as a "
+            "TensorFlow graph without running it, and save its ops, tensors, persistent "
             "tensors and estimated costs as a trace file (docs/trace-format.md)."
         ),
     )
@@ -35,7 +36,15 @@ def add_parsers(sub: Any) -> None:
         "--image-size",
         type=int,
         default=None,
-        help="image edge in pixels, or the 3D U-Net's cube edge (default: the model's own)",
+        help="image edge in pixels, the 3D U-Net's cube edge, or a transformer's sequence "
+        "length in tokens (default: the model's own)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "mixed"),
+        default="fp32",
+        help="fp32 (default) or mixed: Keras' mixed_bfloat16 policy (bfloat16 compute, "
+        "float32 variables and optimizer state)",
     )
     parser.add_argument(
         "--output",
@@ -79,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
             f"tflms trace: --batch-size must be at least 1, got {args.batch_size}", file=sys.stderr
         )
         return 2
-    output: Path = args.output or Path(f"{model}-b{args.batch_size}-s{size}.trace.json.gz")
+    mixed = "" if args.precision == "fp32" else f"-{args.precision}"
+    output: Path = args.output or Path(f"{model}-b{args.batch_size}-s{size}{mixed}.trace.json.gz")
     if output.exists() and not args.force:
         print(
             f"tflms trace: {output} already exists; pass --force to overwrite it "
@@ -96,7 +106,13 @@ def run(args: argparse.Namespace) -> int:
     from tflms.trace.format import save_trace
 
     try:
-        trace = trace_model(model, args.batch_size, size, progress=not args.no_progress)
+        trace = trace_model(
+            model,
+            args.batch_size,
+            size,
+            progress=not args.no_progress,
+            precision=args.precision,
+        )
     except ValueError as exc:
         print(f"tflms trace: {exc}", file=sys.stderr)
         return 1

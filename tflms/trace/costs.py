@@ -70,8 +70,14 @@ _MOVEMENT_OPS = frozenset(
     }
 )
 
+# One operation per element of the first input. Segment sums are here too: an embedding's gradient
+# adds each token's row into the (much larger, mostly untouched) table, so its work follows the
+# tokens, not the table.
 _REDUCTIONS = frozenset(
-    {"Sum", "Mean", "Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin", "BiasAddGrad"}
+    {
+        *("Sum", "Mean", "Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin", "BiasAddGrad"),
+        *("UnsortedSegmentSum", "SegmentSum"),
+    }
 )
 
 _CONV_FORWARD = frozenset({"Conv2D", "Conv3D"})

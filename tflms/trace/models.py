@@ -1,7 +1,9 @@
-"""The models `tflms trace` knows: Keras applications and a 3D U-Net defined here.
+"""The models `tflms trace` knows: Keras applications, a 3D U-Net defined here, and keras-hub
+transformer language models (tflms.trace.transformers).
 
 Models are built with random initial weights (weights=None): nothing is downloaded. TensorFlow
-and Keras are imported inside functions so that importing this module stays cheap.
+and Keras are imported inside functions so that importing this module stays cheap. For the
+transformers the input size is the sequence length, in tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ class ModelSpec:
     size_multiple: int = 1
     volumetric: bool = False  # 3-D input (D, H, W, C) and per-voxel labels
     channels: int = 3  # input channels (volumetric models: C)
+    text: bool = False  # token ids in, logits over the vocabulary at every position out
+    # The optimizer of the traced step: "sgd" (momentum 0.9) for the vision models, "adam" for
+    # the transformers, as each family is usually trained.
+    optimizer: str = "sgd"
 
 
 _SPECS = (
@@ -44,6 +50,14 @@ _SPECS = (
     # Closer in width to the BraTS 3D U-Net the TFLMS papers trained (docs/results.md):
     # four MRI channels in, 16 filters at full resolution, five levels.
     ModelSpec("UNet3DBraTS", 64, 16, size_multiple=16, volumetric=True, channels=4),
+    # keras-hub transformers: the size is the sequence length.
+    ModelSpec("GPT2-tiny", 128, 8, text=True, optimizer="adam"),
+    ModelSpec("GPT2-124M", 1024, 8, text=True, optimizer="adam"),
+    ModelSpec("GPT2-355M", 1024, 8, text=True, optimizer="adam"),
+    ModelSpec("GPT2-774M", 1024, 8, text=True, optimizer="adam"),
+    ModelSpec("GPT2-1.5B", 1024, 8, text=True, optimizer="adam"),
+    ModelSpec("BERT-large", 512, 8, text=True, optimizer="adam"),
+    ModelSpec("Llama-1B", 2048, 8, text=True, optimizer="adam"),
 )
 
 MODEL_SPECS: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
@@ -87,9 +101,15 @@ def check_input_size(name: str, input_size: int | None) -> int:
 def input_shape(name: str, input_size: int) -> tuple[int, ...]:
     """Shape of one example (no batch dimension), channels last."""
     spec = MODEL_SPECS[resolve_model_name(name)]
+    if spec.text:
+        return (input_size,)
     if spec.volumetric:
         return (input_size, input_size, input_size, spec.channels)
     return (input_size, input_size, spec.channels)
+
+
+def input_dtype(name: str) -> str:
+    return "int32" if MODEL_SPECS[resolve_model_name(name)].text else "float32"
 
 
 def label_shape(name: str, input_size: int) -> tuple[int, ...]:
@@ -97,11 +117,17 @@ def label_shape(name: str, input_size: int) -> tuple[int, ...]:
     spec = MODEL_SPECS[resolve_model_name(name)]
     if spec.volumetric:
         return (input_size, input_size, input_size)
+    if spec.text:
+        return (input_size,)  # the next token at every position
     return ()
 
 
 def num_classes(name: str) -> int:
     canonical = resolve_model_name(name)
+    if MODEL_SPECS[canonical].text:
+        from tflms.trace.transformers import TRANSFORMERS
+
+        return TRANSFORMERS[canonical].vocabulary_size
     if canonical == "UNet3DBraTS":
         return BRATS_CLASSES
     return UNET3D_CLASSES if MODEL_SPECS[canonical].volumetric else IMAGE_CLASSES
@@ -111,6 +137,10 @@ def build_model(name: str, input_size: int | None = None) -> Any:
     """A Keras model with random weights for a name in MODEL_NAMES."""
     canonical = resolve_model_name(name)
     size = check_input_size(canonical, input_size)
+    if MODEL_SPECS[canonical].text:
+        from tflms.trace.transformers import build_language_model
+
+        return build_language_model(canonical, size)
     if canonical == "UNet3D":
         return build_unet3d(size)
     if canonical == "UNet3DBraTS":
