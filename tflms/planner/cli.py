@@ -208,6 +208,17 @@ def _check_writable(path: Path, force: bool, marker: str | None = None) -> str |
     return f"{path} exists; pass --force to overwrite it"
 
 
+def _rewrite_from_json(saved: Path, out: Path, render: Any) -> int:
+    """Writes `out` from the JSON a long run saved, without running it again."""
+    try:
+        text = render(json.loads(saved.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError) as exc:
+        return _fail(f"cannot rebuild {out} from {saved}: {exc}")
+    out.write_text(text, encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
 def _engine_ready() -> str | None:
     try:
         import tflms
@@ -475,14 +486,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     if reason:
         return _fail(reason)
     if args.from_json:
-        try:
-            saved = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
-            text = results_markdown(saved)
-        except (OSError, ValueError, KeyError) as exc:
-            return _fail(f"cannot rebuild the results from {args.from_json}: {exc}")
-        out.write_text(text, encoding="utf-8")
-        print(f"wrote {out}")
-        return 0
+        return _rewrite_from_json(Path(args.from_json), out, results_markdown)
     models = study.RESULT_MODELS
     if args.models:
         wanted = {m.strip().lower() for m in args.models.split(",") if m.strip()}
@@ -546,21 +550,13 @@ def cmd_transformers(args: argparse.Namespace) -> int:
     if reason:
         return _fail(reason)
     if args.from_json:
-        try:
-            saved = json.loads(Path(args.from_json).read_text(encoding="utf-8"))
-            text = transformers_markdown(saved)
-        except (OSError, ValueError, KeyError) as exc:
-            return _fail(f"cannot rebuild the figures from {args.from_json}: {exc}")
-        out.write_text(text, encoding="utf-8")
-        print(f"wrote {out}")
-        return 0
+        return _rewrite_from_json(Path(args.from_json), out, transformers_markdown)
     try:
         import keras_hub  # noqa: F401
     except ImportError:
-        return _fail(
-            "keras-hub is not installed: `make install` adds it, or "
-            "`pip install 'tflms[models]' && pip install --no-deps keras-hub`"
-        )
+        from tflms.trace.transformers import INSTALL_HINT
+
+        return _fail(f"keras-hub is not installed: `make install` adds it, or {INSTALL_HINT}")
 
     def save(res: dict[str, Any]) -> None:
         # Written after every point, so a long run that is stopped keeps what it found.

@@ -7,8 +7,8 @@ BERT-large is trained the same way here (full-vocabulary logits at every positio
 training computes them at the masked positions only, which makes this the heavier step.
 
 Sizes are those of the released checkpoints (GPT-2: OpenAI's 355M/774M/1.5B; BERT-large uncased;
-Llama 3.2 1B). keras-hub is an optional dependency (`pip install tflms[models]`); importing this
-module does not import it.
+Llama 3.2 1B). keras-hub is optional (`make install` adds it; by hand see INSTALL_HINT); importing
+this module does not import it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+# keras-hub declares tensorflow-text, which would pull the full tensorflow wheel beside
+# tensorflow-cpu: its real runtime needs come from the `models` extra, keras-hub without deps.
+INSTALL_HINT = "pip install 'tflms[models]' && pip install --no-deps keras-hub==0.32.0"
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,7 @@ def build_language_model(name: str, sequence_length: int) -> Any:
         import keras_hub
     except ImportError as exc:
         raise ImportError(
-            f"{name} is a keras-hub model: install it with `pip install 'tflms[models]'` "
-            "(or `pip install --no-deps keras-hub` next to tensorflow-cpu)"
+            f"{name} is a keras-hub model and keras-hub is not installed: {INSTALL_HINT}"
         ) from exc
 
     config = TRANSFORMERS[name]
