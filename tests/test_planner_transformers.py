@@ -82,6 +82,9 @@ def test_study_point_trains_a_transformer_larger_than_the_gpu(
     cells = [c.strip() for c in table_row.strip("|").split("|")]
     assert cells[0] == "GPT2-tiny" and cells[6] == "does not fit"  # largest batch without LMS
     assert cells[7].split()[0] == str(m["with_lms"])
+    # Samples per second at the largest batch with LMS, and what LMS costs there.
+    assert float(cells[10]) == pytest.approx(m["with_lms_samples_per_s"], abs=0.01)
+    assert m["with_lms_overhead"] > 0 and cells[9] == "-"
 
 
 @pytest.mark.tf

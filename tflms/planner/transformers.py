@@ -21,7 +21,7 @@ from typing import Any
 
 from tflms.planner.gpu import format_bytes
 from tflms.planner.machines import get_pairing
-from tflms.planner.replay import build_plan, peak_live_bytes
+from tflms.planner.replay import build_plan, peak_live_bytes, replay_unlimited
 from tflms.planner.report import pct, secs, table
 from tflms.planner.simulate import Machine, max_batch, progress_bar, simulate_step
 
@@ -103,7 +103,7 @@ def study_point(
         without = mb["without_lms"]
         rep, _ = simulate_step(trace, m, steps=steps, compare=False)
         lms = rep["lms"][0]
-        row["machines"][m.pairing] = {
+        entry: dict[str, Any] = {
             "without_lms": mb["without_lms"],
             "with_lms": mb["with_lms"],
             "limited_by": mb["limited_by"],
@@ -113,7 +113,27 @@ def study_point(
             "batch1_lms_s": lms.get("step_time_s"),
             "batch1_lms_fits": lms.get("fits"),
         }
+        entry.update(_throughputs(trace, m, mb["without_lms"], mb["with_lms"], steps))
+        row["machines"][m.pairing] = entry
     return row
+
+
+def _throughputs(trace: Any, m: Machine, without: int, with_lms: int, steps: int) -> dict[str, Any]:
+    """Samples per second at the largest batch each way: what a user trades batch for."""
+    out: dict[str, Any] = {}
+    if without:
+        plan = build_plan(trace.rescaled(without), m.gpu)
+        step = replay_unlimited(plan, m.gpu, m.link_gbps, steps=steps).step_time_s
+        out["without_lms_samples_per_s"] = without / step
+    if with_lms and with_lms > without:
+        rep, _ = simulate_step(trace.rescaled(with_lms), m, steps=steps, compare=False)
+        lms = rep["lms"][0]
+        if lms.get("fits"):
+            unlimited = rep["unlimited"]["step_time_s"]
+            out["with_lms_samples_per_s"] = with_lms / lms["step_time_s"]
+            out["with_lms_overhead"] = lms["step_time_s"] / unlimited - 1
+            out["with_lms_ideal_s"] = lms.get("ideal_s")
+    return out
 
 
 def study_goal(machines: list[Machine], *, steps: int) -> list[dict[str, Any]]:
@@ -208,6 +228,10 @@ def _ratio(with_lms: int, without: int) -> str:
     return f"{with_lms / without:.1f}x" if without else "trains (does not fit without)"
 
 
+def _rate(samples_per_s: float | None) -> str:
+    return f"{samples_per_s:.2f}" if samples_per_s else "-"
+
+
 def _precision(p: str) -> str:
     return "fp32" if p == "fp32" else "mixed (bf16)"
 
@@ -219,11 +243,7 @@ def _scaling_rows(rows: list[dict[str, Any]], pairing: str, sequence: bool) -> l
         if m is None:
             continue
         first = str(r["sequence_length"]) if sequence else r["model"]
-        cost = (
-            pct(m["batch1_lms_s"] / m["batch1_unlimited_s"] - 1)
-            if m["batch1_lms_fits"] and m["batch1_unlimited_s"]
-            else "-"
-        )
+        lms_rate = m.get("with_lms_samples_per_s")
         out.append(
             [
                 first,
@@ -238,9 +258,9 @@ def _scaling_rows(rows: list[dict[str, Any]], pairing: str, sequence: bool) -> l
                 _batch(m["without_lms"]),
                 _batch(m["with_lms"]) + (" (host)" if m["limited_by"] == "host" else ""),
                 _ratio(m["with_lms"], m["without_lms"]),
-                secs(m["batch1_unlimited_s"]),
-                secs(m["batch1_lms_s"]) if m["batch1_lms_fits"] else "-",
-                cost,
+                _rate(m.get("without_lms_samples_per_s")),
+                _rate(lms_rate),
+                pct(m["with_lms_overhead"]) if lms_rate else "-",
             ]
         )
     return out
@@ -253,9 +273,9 @@ _SCALING_HEADERS = [
     "largest batch without LMS",
     "largest batch with LMS",
     "gain",
-    "step at batch 1, memory unlimited",
-    "step at batch 1 with LMS",
-    "LMS cost at batch 1",
+    "samples/s at the largest batch without LMS",
+    "samples/s at the largest batch with LMS",
+    "LMS cost there (vs unlimited memory)",
 ]
 
 
