@@ -59,6 +59,8 @@ SPEC = LibrarySpec(
     # TF_MAJOR_VERSION etc., which the 2.20+ headers expect from the build
     # (public/release_version.h): the add-on's code switches on them.
     define_version_macros=True,
+    # 2.19's gpu_device.h reaches llvm/ADT (through stream_executor.h), absent from its wheel.
+    host_llvm_headers=True,
     wheel_include_dirs=("third_party/gpus/cuda/include",),
     digest_files=(Path(__file__).resolve(), TFCPU_CSRC / "tensor_hooks.cc"),
 )

@@ -71,6 +71,9 @@ class LibrarySpec:
     # headers alone do not say which TensorFlow they are (2.19's version.h still defines
     # them, with the same values).
     define_version_macros: bool = False
+    # Search the host's LLVM headers last when the wheel lacks llvm/ADT (2.19's
+    # StreamExecutor headers include it), as `tflms verify` does.
+    host_llvm_headers: bool = False
     # Files that change what is built (each front-end's _build.py).
     digest_files: tuple[Path, ...] = field(default_factory=tuple)
 
@@ -248,8 +251,8 @@ def library_path(
             *wheel_flags,
             *python_binding_flags(),
             # The 2.19 wheel's StreamExecutor headers include LLVM's ADT, which it does not
-            # ship: the host's copy, searched last (nothing for 2.20 and later).
-            *llvm_fallback_flags(wheel_flags),
+            # ship: the host's copy, searched last.
+            *(llvm_fallback_flags(wheel_flags) if spec.host_llvm_headers else []),
             *spec.extra_flags,
             *(version_macros(version) if spec.define_version_macros else []),
         ]
