@@ -100,6 +100,30 @@ def main() -> None:
         assert back.gpu_options.experimental.lms_limit_bytes == 3 << 30
         return "field 22, TYPE_INT64, default 0; 3 GiB serialized and parsed back"
 
+    @check(
+        "ConfigProto has gpu_options.experimental.lms_prefetch_enabled (bool 23) and "
+        "lms_prefetch_lookahead (int32 24), default off / 0"
+    )
+    def _() -> str:
+        from google.protobuf.descriptor import FieldDescriptor
+
+        fields = tf.compat.v1.GPUOptions.Experimental.DESCRIPTOR.fields_by_name
+        enabled, lookahead = fields["lms_prefetch_enabled"], fields["lms_prefetch_lookahead"]
+        assert (enabled.number, enabled.type) == (23, FieldDescriptor.TYPE_BOOL), enabled
+        assert (lookahead.number, lookahead.type) == (24, FieldDescriptor.TYPE_INT32), lookahead
+        cfg = tf.compat.v1.ConfigProto()
+        exp = cfg.gpu_options.experimental
+        assert exp.lms_prefetch_enabled is False and exp.lms_prefetch_lookahead == 0
+        exp.lms_prefetch_enabled = True
+        exp.lms_prefetch_lookahead = 48
+        data = cfg.SerializeToString()
+        # Wire format: field 23 varint = key 0xb8 0x01; field 24 varint = key 0xc0 0x01.
+        assert b"\xb8\x01\x01" in data and b"\xc0\x01\x30" in data, data.hex()
+        back = tf.compat.v1.ConfigProto.FromString(data)
+        assert back.gpu_options.experimental.lms_prefetch_enabled is True
+        assert back.gpu_options.experimental.lms_prefetch_lookahead == 48
+        return "fields 23 (TYPE_BOOL) and 24 (TYPE_INT32); True and 48 serialized and parsed back"
+
     @check("set_lms_enabled / get_lms_enabled round-trip, reach the eager context's GPUOptions")
     def _() -> str:
         ctx = context.context()
@@ -152,6 +176,52 @@ def main() -> None:
         exp.set_lms_limit(6 << 30)
         return "-1, 255, '1GB', 1.5e9, True rejected; 6 GiB -> context.config lms_limit_bytes"
 
+    @check(
+        "set_lms_prefetch_enabled / set_lms_prefetch_lookahead: signatures, validation, "
+        "round-trip to GPUOptions"
+    )
+    def _() -> str:
+        ctx = context.context()
+        assert ctx._context_handle is None, "runtime already initialized"
+        exp = tf.config.experimental
+        for name, sig in (
+            ("set_lms_prefetch_enabled", "(enable)"),
+            ("get_lms_prefetch_enabled", "()"),
+            ("set_lms_prefetch_lookahead", "(uses)"),
+            ("get_lms_prefetch_lookahead", "()"),
+        ):
+            fn = getattr(exp, name)
+            assert str(inspect.signature(fn)) == sig, (name, inspect.signature(fn))
+            assert getattr(tf.compat.v1.config.experimental, name) is fn, name
+        assert exp.get_lms_prefetch_enabled() is False
+        assert exp.get_lms_prefetch_lookahead() == 0
+        for setter, bad, error, text in (
+            (exp.set_lms_prefetch_enabled, 1, TypeError, "lms_prefetch_enabled must be a bool"),
+            (exp.set_lms_prefetch_enabled, "yes", TypeError, "must be a bool"),
+            (exp.set_lms_prefetch_lookahead, -1, ValueError, "positive number of tensor uses"),
+            (exp.set_lms_prefetch_lookahead, 1 << 31, ValueError, "below 2**31"),
+            (exp.set_lms_prefetch_lookahead, 8.0, TypeError, "must be an int"),
+            (exp.set_lms_prefetch_lookahead, True, TypeError, "must be an int"),
+        ):
+            try:
+                setter(bad)
+            except error as e:
+                assert text in str(e), (bad, str(e))
+            else:
+                raise AssertionError(f"{setter.__name__}({bad!r}) accepted")
+        assert exp.get_lms_prefetch_enabled() is False, "a rejected value was stored"
+        assert exp.get_lms_prefetch_lookahead() == 0, "a rejected value was stored"
+        exp.set_lms_prefetch_enabled(True)
+        exp.set_lms_prefetch_lookahead(64)
+        assert exp.get_lms_prefetch_enabled() is True
+        assert exp.get_lms_prefetch_lookahead() == 64
+        gpu = ctx.config.gpu_options.experimental
+        assert gpu.lms_prefetch_enabled is True and gpu.lms_prefetch_lookahead == 64
+        exp.set_lms_prefetch_enabled(False)
+        assert ctx.config.gpu_options.experimental.lms_prefetch_enabled is False
+        exp.set_lms_prefetch_enabled(True)
+        return "bad values rejected; True and 64 -> context.config lms_prefetch_* (and back)"
+
     @check("tf.experimental.reclaim_inactive: signature, clear error without a GPU")
     def _() -> str:
         fn = tf.experimental.reclaim_inactive
@@ -190,15 +260,20 @@ def main() -> None:
         # tf.compat.v1.Session() without a config uses context().config.
         cfg = context.context().config
         assert cfg.gpu_options.experimental.lms_enabled is True
+        assert cfg.gpu_options.experimental.lms_prefetch_enabled is True
+        assert cfg.gpu_options.experimental.lms_prefetch_lookahead == 64
         with tf.Graph().as_default():
             explicit = tf.compat.v1.ConfigProto()
             explicit.gpu_options.experimental.lms_enabled = True
+            explicit.gpu_options.experimental.lms_prefetch_enabled = True
+            explicit.gpu_options.experimental.lms_prefetch_lookahead = 32
             with tf.compat.v1.Session(config=explicit) as sess:
                 out = sess.run(tf.constant(7) * 6)
         assert out == 42
         return (
             "context().config, which Session() uses without a ConfigProto, has "
-            "lms_enabled; Session(config with lms_enabled) runs on the wheel's runtime"
+            "lms_enabled and lms_prefetch_*; Session(config with lms_enabled and "
+            "lms_prefetch_*) runs on the wheel's runtime"
         )
 
     @check("tf.experimental statistics functions: names and signatures")
@@ -251,6 +326,21 @@ def main() -> None:
             pass
         else:
             raise AssertionError("defrag change after initialization accepted")
+        exp = tf.config.experimental
+        exp.set_lms_prefetch_enabled(True)  # the value in force: allowed
+        exp.set_lms_prefetch_lookahead(64)  # the value in force: allowed
+        for setter, value in (
+            (exp.set_lms_prefetch_enabled, False),
+            (exp.set_lms_prefetch_lookahead, 8),
+        ):
+            try:
+                setter(value)
+            except RuntimeError as e:
+                assert "cannot be changed after" in str(e), str(e)
+                assert f"{setter.__name__}({value})" in str(e), str(e)
+            else:
+                raise AssertionError(f"{setter.__name__}({value}) after initialization accepted")
+        assert exp.get_lms_prefetch_enabled() is True and exp.get_lms_prefetch_lookahead() == 64
         assert tf.config.experimental.get_lms_enabled() is True
         # The limit, unlike the other settings, may change at run time (with no
         # GPU there is no allocator to pass it to, so only the value changes).
@@ -262,7 +352,10 @@ def main() -> None:
             pass
         else:
             raise AssertionError("negative limit accepted after initialization")
-        return text + " | set_lms_limit(1 GiB) accepted after initialization"
+        return (
+            text + " | set_lms_prefetch_enabled(False), set_lms_prefetch_lookahead(8) refused"
+            " | set_lms_limit(1 GiB) accepted after initialization"
+        )
 
     # The goldens of the patched API, for verify's g) (saves a TensorFlow import).
     from tflms.patch.goldens import render_all

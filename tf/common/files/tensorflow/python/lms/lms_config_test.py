@@ -52,6 +52,68 @@ class LmsConfigTest(test.TestCase):
     self.assertEqual(fields["lms_enabled"].number, 20)
     self.assertEqual(fields["lms_defrag_enabled"].number, 21)
     self.assertEqual(fields["lms_limit_bytes"].number, 22)
+    self.assertEqual(fields["lms_prefetch_enabled"].number, 23)
+    self.assertEqual(fields["lms_prefetch_lookahead"].number, 24)
+
+  @reset_eager
+  def testPrefetchDefaultsOffAndReachesContextConfig(self):
+    self.assertFalse(config.get_lms_prefetch_enabled())
+    self.assertEqual(config.get_lms_prefetch_lookahead(), 0)
+    gpu = context.context().config.gpu_options
+    self.assertFalse(gpu.experimental.lms_prefetch_enabled)
+    self.assertEqual(gpu.experimental.lms_prefetch_lookahead, 0)
+    config.set_lms_prefetch_enabled(True)
+    config.set_lms_prefetch_lookahead(32)
+    self.assertTrue(config.get_lms_prefetch_enabled())
+    self.assertEqual(config.get_lms_prefetch_lookahead(), 32)
+    gpu = context.context().config.gpu_options
+    self.assertTrue(gpu.experimental.lms_prefetch_enabled)
+    self.assertEqual(gpu.experimental.lms_prefetch_lookahead, 32)
+
+  @reset_eager
+  def testPrefetchDisablingOverridesContextConfigProto(self):
+    cfg = config_pb2.ConfigProto()
+    cfg.gpu_options.experimental.lms_prefetch_enabled = True
+    cfg.gpu_options.experimental.lms_prefetch_lookahead = 16
+    context.context()._config = cfg  # pylint: disable=protected-access
+    self.assertTrue(config.get_lms_prefetch_enabled())
+    self.assertEqual(config.get_lms_prefetch_lookahead(), 16)
+    config.set_lms_prefetch_enabled(False)
+    config.set_lms_prefetch_lookahead(0)
+    gpu = context.context().config.gpu_options
+    self.assertFalse(gpu.experimental.lms_prefetch_enabled)
+    self.assertEqual(gpu.experimental.lms_prefetch_lookahead, 0)
+
+  @reset_eager
+  def testPrefetchRejectsBadValues(self):
+    with self.assertRaisesRegex(TypeError, "lms_prefetch_enabled must be a bool"):
+      config.set_lms_prefetch_enabled(1)
+    with self.assertRaisesRegex(TypeError, "must be an int"):
+      config.set_lms_prefetch_lookahead(2.0)
+    with self.assertRaisesRegex(TypeError, "must be an int"):
+      config.set_lms_prefetch_lookahead(True)
+    with self.assertRaisesRegex(ValueError, "positive number of tensor uses"):
+      config.set_lms_prefetch_lookahead(-1)
+    with self.assertRaisesRegex(ValueError, "positive number of tensor uses"):
+      config.set_lms_prefetch_lookahead(1 << 31)
+    self.assertFalse(config.get_lms_prefetch_enabled())
+    self.assertEqual(config.get_lms_prefetch_lookahead(), 0)
+
+  @reset_eager
+  def testPrefetchChangeAfterInitializationRaises(self):
+    constant_op.constant(1.0)  # initializes the runtime
+    config.set_lms_prefetch_enabled(False)  # the value in force
+    config.set_lms_prefetch_lookahead(0)  # the value in force
+    with self.assertRaisesRegex(
+        RuntimeError, "set_lms_prefetch_enabled.*at the start"
+    ):
+      config.set_lms_prefetch_enabled(True)
+    with self.assertRaisesRegex(
+        RuntimeError, "set_lms_prefetch_lookahead.*at the start"
+    ):
+      config.set_lms_prefetch_lookahead(8)
+    self.assertFalse(config.get_lms_prefetch_enabled())
+    self.assertEqual(config.get_lms_prefetch_lookahead(), 0)
 
   @reset_eager
   def testLmsLimitDefaultsToWholeDeviceAndReachesContextConfig(self):

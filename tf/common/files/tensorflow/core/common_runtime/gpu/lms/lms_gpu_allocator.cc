@@ -78,17 +78,67 @@ bool GarbageCollection() {
   return enabled;
 }
 
-// TF_LMS_PREFETCH (default false): page in the next tensors of the learnt
-// step order ahead of use. The engine learns steps from the step ids the pin
-// sites pass. Off by default: under real TensorFlow (tflms.tfcpu) it keeps
-// values bit-identical but has not yet been shown to page in less than on
-// demand (docs/how-it-works.md, Prefetch, has the measurement).
-bool PrefetchEnabled() {
-  bool enabled = false;
+// GPUOptions.experimental.lms_prefetch_enabled (default false): page in the
+// next tensors of the learnt step order ahead of use. The engine learns steps
+// from the step ids the pin sites pass. Off by default: under real TensorFlow
+// (tflms.tfcpu) it keeps values bit-identical but has not yet been shown to
+// page in less than on demand (docs/how-it-works.md, Prefetch, has the
+// measurement). The environment variable TF_LMS_PREFETCH, when set, overrides
+// the option either way (as TF_FORCE_GPU_ALLOW_GROWTH overrides allow_growth),
+// so an experiment can switch prefetch without touching the program. Read
+// through reflection, by name, as lms_limit_bytes is: this file is also
+// compiled against the released config.pb.h, which has no accessor for it.
+bool PrefetchEnabled(const GPUOptions& options, int id) {
+  bool from_options = false;
+  const GPUOptions::Experimental& experimental = options.experimental();
+  const google::protobuf::FieldDescriptor* field =
+      experimental.GetDescriptor()->FindFieldByName("lms_prefetch_enabled");
+  if (field != nullptr &&
+      field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_BOOL) {
+    from_options = experimental.GetReflection()->GetBool(experimental, field);
+  }
+  const char* env = std::getenv("TF_LMS_PREFETCH");
+  if (env == nullptr || std::strlen(env) == 0) return from_options;
+  bool from_env = from_options;
   absl::Status s = tsl::ReadBoolFromEnvVar("TF_LMS_PREFETCH",
-                                           /*default_val=*/false, &enabled);
-  if (!s.ok()) LOG(ERROR) << s;
-  return enabled;
+                                           /*default_val=*/from_options,
+                                           &from_env);
+  if (!s.ok()) {
+    LOG(ERROR) << s << " Using GPUOptions.experimental.lms_prefetch_enabled ("
+               << (from_options ? "true" : "false") << ") for GPU " << id
+               << ".";
+    return from_options;
+  }
+  if (from_env != from_options) {
+    LOG(INFO) << "TF_LMS_PREFETCH=" << env << " overrides "
+              << "GPUOptions.experimental.lms_prefetch_enabled ("
+              << (from_options ? "true" : "false") << ") for GPU " << id
+              << ": prefetch " << (from_env ? "on" : "off") << ".";
+  }
+  return from_env;
+}
+
+// GPUOptions.experimental.lms_prefetch_lookahead: tensor uses (pins) looked
+// ahead for tensors to bring back; 0 keeps the engine's default. Negative
+// values keep the default too, with an error logged.
+int PrefetchLookahead(const GPUOptions& options, int id, int engine_default) {
+  const GPUOptions::Experimental& experimental = options.experimental();
+  const google::protobuf::FieldDescriptor* field =
+      experimental.GetDescriptor()->FindFieldByName("lms_prefetch_lookahead");
+  if (field == nullptr ||
+      field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_INT32) {
+    return engine_default;
+  }
+  const int32_t lookahead =
+      experimental.GetReflection()->GetInt32(experimental, field);
+  if (lookahead < 0) {
+    LOG(ERROR) << "GPUOptions.experimental.lms_prefetch_lookahead = "
+               << lookahead << " is ignored for GPU " << id << ": it must be "
+               << "0 (LMS's default, " << engine_default << ") or a positive "
+               << "number of tensor uses.";
+    return engine_default;
+  }
+  return lookahead == 0 ? engine_default : lookahead;
 }
 
 // GPUOptions.experimental.lms_limit_bytes is one value for every GPU of the
@@ -208,7 +258,9 @@ std::unique_ptr<tsl::Allocator> CreateLmsGpuAllocator(
   // The gpu_host_bfc allocator enforces TF_GPU_HOST_MEM_LIMIT_IN_MB.
   engine_options.host_memory_limit = 0;
   engine_options.defrag_enabled = defrag_enabled;
-  engine_options.prefetch_enabled = lms::PrefetchEnabled();
+  engine_options.prefetch_enabled = lms::PrefetchEnabled(options, id);
+  engine_options.prefetch_lookahead = lms::PrefetchLookahead(
+      options, id, engine_options.prefetch_lookahead);
 
   lms::StreamExecutorLmsDevice* device_ptr = device->get();
   absl::StatusOr<std::unique_ptr<lms::LmsAllocator>> allocator =
@@ -225,7 +277,11 @@ std::unique_ptr<tsl::Allocator> CreateLmsGpuAllocator(
                 20)
             << " MiB in use, defragmentation "
             << (engine_options.defrag_enabled ? "on" : "off") << ", prefetch "
-            << (engine_options.prefetch_enabled ? "on" : "off") << ")";
+            << (engine_options.prefetch_enabled
+                    ? absl::StrCat("on, ", engine_options.prefetch_lookahead,
+                                   " tensor uses ahead")
+                    : std::string("off"))
+            << ")";
   lms::devices[id].store(device_ptr, std::memory_order_release);
   lms::registry[id].store(allocator->get(), std::memory_order_release);
   int end = lms::registry_end.load(std::memory_order_relaxed);
