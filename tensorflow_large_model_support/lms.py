@@ -19,10 +19,10 @@ class LMS:
     """Switches allocator Large Model Support on for sessions (v1: edited the graph).
 
     Takes every parameter of TFLMS v1's LMS with its v1 default. `n_tensors=0`
-    switches LMS off; `lb`/`ub` set the prefetch lookahead (where the TensorFlow has
-    that setting); `debug` logs what was set. Parameters that steered v1's graph
-    rewrite have no effect: passing one gives one LMSParameterWarning that names it
-    and says why (docs/migration.md).
+    switches LMS off; a non-default `lb`/`ub` switches prefetch on with that lookahead
+    (`lb=0`: off, on demand; docs/migration.md); `debug` logs what was set. Parameters
+    that steered v1's graph rewrite have no effect: passing one gives one
+    LMSParameterWarning that names it and says why (docs/migration.md).
 
     A session reads LMS from the ConfigProto it is given; one created without a
     ConfigProto (`tf.compat.v1.Session()`) uses what run() sets. With your own

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 # Setter names in tf.config.experimental. Settings are applied in this order
 # (switching LMS on or off first, so a refusal stops before anything else).
 SET_ENABLED = "set_lms_enabled"
+SET_PREFETCH_ENABLED = "set_lms_prefetch_enabled"
 SET_PREFETCH_LOOKAHEAD = "set_lms_prefetch_lookahead"
-SETTER_ORDER: tuple[str, ...] = (SET_ENABLED, SET_PREFETCH_LOOKAHEAD)
+SETTER_ORDER: tuple[str, ...] = (SET_ENABLED, SET_PREFETCH_ENABLED, SET_PREFETCH_LOOKAHEAD)
 
 _NO_GRAPH_WALK = (
     "allocator LMS does not walk the graph: every GPU tensor that no running op uses is a "
@@ -73,14 +74,14 @@ PARAMETERS: tuple[V1Parameter, ...] = (
     V1Parameter(
         "lb",
         1,
-        "the prefetch lookahead: how many tensor uses ahead the allocator starts bringing "
-        "tensors back",
+        "switches prefetch on and becomes its lookahead: how many tensor uses ahead the "
+        "allocator starts bringing tensors back (0: prefetch off, on demand)",
         mapped=True,
     ),
     V1Parameter(
         "ub",
         10000,
-        "caps the prefetch lookahead; on its own it sets the lookahead",
+        "caps the prefetch lookahead; on its own it switches prefetch on with that lookahead",
         mapped=True,
     ),
     V1Parameter(
@@ -176,6 +177,29 @@ def _differs(name: str, value: object) -> bool:
     return bool(value != default)
 
 
+# The engine's lookahead is an int32 (GPUOptions.experimental.lms_prefetch_lookahead).
+MAX_LOOKAHEAD = 2**31 - 1
+
+
+def prefetch_lookahead(lb: int, ub: int) -> tuple[int, tuple[str, ...]]:
+    """The prefetch lookahead (in tensor uses) that v1's lb/ub ask for, and its sources.
+
+    v1 placed a tensor's swap-in between `lb` and `ub` ops before the op that
+    uses it, as close to `lb` as the graph allowed. The allocator starts
+    bringing a tensor back once its next use is within the lookahead (and the
+    prefetch byte budget allows), so the lookahead takes the distance v1 aimed
+    for, `lb`, with `ub` as its cap. Given on its own, `ub` (with lb at its
+    default of 1, which only means "as late as possible") is the lookahead. With
+    both at their v1 defaults nothing is asked (sources are empty): prefetch
+    keeps TensorFlow's setting, off by default, and its default lookahead (256).
+    """
+    if _differs("lb", lb):
+        return min(lb, MAX_LOOKAHEAD), (("lb", "ub") if _differs("ub", ub) else ("lb",))
+    if _differs("ub", ub):
+        return min(ub, MAX_LOOKAHEAD), ("ub",)
+    return 0, ()
+
+
 def translate(values: Mapping[str, object]) -> Translation:
     """Turns v1 keyword values into allocator LMS settings.
 
@@ -202,14 +226,14 @@ def translate(values: Mapping[str, object]) -> Translation:
     if lb > ub:
         raise ValueError(f"lb ({lb}) must not be greater than ub ({ub})")
     if result.enabled:
-        # The v1 defaults (lb=1: the latest possible swap-in, ub=10000: no cap)
-        # set nothing: the engine's own lookahead is a better default than 1.
-        if _differs("lb", lb):
-            result.settings[SET_PREFETCH_LOOKAHEAD] = lb
-            result.sources[SET_PREFETCH_LOOKAHEAD] = ("lb", "ub") if _differs("ub", ub) else ("lb",)
-        elif _differs("ub", ub):
-            result.settings[SET_PREFETCH_LOOKAHEAD] = ub
-            result.sources[SET_PREFETCH_LOOKAHEAD] = ("ub",)
+        lookahead, sources = prefetch_lookahead(lb, ub)
+        if sources:
+            # 0 asks for swap-ins right before use: on-demand paging, no prefetch.
+            result.settings[SET_PREFETCH_ENABLED] = lookahead > 0
+            result.sources[SET_PREFETCH_ENABLED] = sources
+            if lookahead > 0:
+                result.settings[SET_PREFETCH_LOOKAHEAD] = lookahead
+                result.sources[SET_PREFETCH_LOOKAHEAD] = sources
 
     debug = values.get("debug", False)
     result.debug = bool(debug)

@@ -1,9 +1,9 @@
 """Applying a translation to the running TensorFlow, and the errors users see.
 
 A TensorFlow built with the tflms patch has tf.config.experimental.set_lms_enabled;
-the stock wheels do not. Other settings (such as the prefetch lookahead) may be
-missing from a given patched build: each is looked up by name, and a missing one
-is reported in one warning instead of failing.
+the stock wheels do not. Other settings (the prefetch switch and lookahead that lb/ub
+map to) may be missing from an older patched build: each is looked up by name, and a
+missing one is reported in one warning instead of failing.
 """
 
 from __future__ import annotations
@@ -13,7 +13,12 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from tensorflow_large_model_support.parameters import SET_ENABLED, Translation, translate
+from tensorflow_large_model_support.parameters import (
+    MAX_LOOKAHEAD,
+    SET_ENABLED,
+    Translation,
+    translate,
+)
 
 BUILD_DOC = "docs/building.md"
 
@@ -82,12 +87,27 @@ def v1_arguments(local_names: Mapping[str, object]) -> dict[str, object]:
     return {k: v for k, v in local_names.items() if k not in ("self", "__class__")}
 
 
-def _too_late_message(caller: str, enable: bool, advice: str, cause: Exception) -> str:
+def _too_late_message(
+    caller: str, what: str, advice: str, cause: Exception, translation: Translation | None = None
+) -> str:
+    """`what` is the change refused: "switched on", or a setter and its v1 sources."""
+    if what in ("on", "off"):
+        change = f"Large Model Support cannot be switched {what} now"
+    else:
+        params = ", ".join(translation.sources.get(what, ())) if translation else ""
+        value = translation.settings.get(what) if translation else None
+        change = f"tf.config.experimental.{what}({value!r})" + (
+            f" (from {params})" if params else ""
+        )
+        change = f"{change} cannot be applied now"
     return (
-        f"{caller}: Large Model Support cannot be switched {'on' if enable else 'off'} now: "
-        f"the TensorFlow runtime, and with it the GPU allocators, already exist. {advice} "
-        f"(TensorFlow said: {cause})"
+        f"{caller}: {change}: the TensorFlow runtime, and with it the GPU allocators, "
+        f"already exist. {advice} (TensorFlow said: {cause})"
     )
+
+
+def _getter(experimental: Any, setter: str) -> Any:
+    return getattr(experimental, "get_" + setter.removeprefix("set_"), None)
 
 
 def default_session_exists(tf: ModuleType) -> bool:
@@ -109,12 +129,22 @@ def apply(translation: Translation, caller: str, advice: str) -> dict[str, objec
         return {}
     experimental: Any = tf.config.experimental
     enable = translation.enabled
+    on_off = "on" if enable else "off"
     # A session's devices are created when it is; TensorFlow cannot refuse a
     # later change then, so refuse it here for the session we can see.
-    if default_session_exists(tf) and bool(experimental.get_lms_enabled()) != enable:
-        raise LMSTooLateError(
-            _too_late_message(caller, enable, advice, RuntimeError("a Session is already open"))
-        )
+    if default_session_exists(tf):
+        for setter, value in translation.settings.items():
+            getter = _getter(experimental, setter)
+            if getter is not None and getter() != value:
+                raise LMSTooLateError(
+                    _too_late_message(
+                        caller,
+                        on_off if setter == SET_ENABLED else setter,
+                        advice,
+                        RuntimeError("a Session is already open"),
+                        translation,
+                    )
+                )
     applied: dict[str, object] = {}
     missing: list[str] = []
     for setter, value in translation.settings.items():
@@ -122,14 +152,16 @@ def apply(translation: Translation, caller: str, advice: str) -> dict[str, objec
         if function is None:
             params = ", ".join(translation.sources.get(setter, ()))
             missing.append(
-                f"{params}={value!r}: this TensorFlow has no tf.config.experimental.{setter}, "
-                f"so {params} has no effect"
+                f"{params}: this TensorFlow has no tf.config.experimental.{setter}, so "
+                f"{setter}({value!r}) is not applied (a TensorFlow built with a newer tflms "
+                f"patch has it)"
             )
             continue
         try:
             function(value)
         except RuntimeError as e:
-            raise LMSTooLateError(_too_late_message(caller, enable, advice, e)) from e
+            what = on_off if setter == SET_ENABLED else setter
+            raise LMSTooLateError(_too_late_message(caller, what, advice, e, translation)) from e
         applied[setter] = value
     if missing:
         warnings.warn(
@@ -140,20 +172,47 @@ def apply(translation: Translation, caller: str, advice: str) -> dict[str, objec
     return applied
 
 
-def lms_config(config: Any = None, *, defrag: bool = False) -> Any:
+def lms_config(
+    config: Any = None,
+    *,
+    defrag: bool = False,
+    prefetch: bool = False,
+    prefetch_lookahead: int = 0,
+) -> Any:
     """A copy of `config` (a tf.compat.v1.ConfigProto) with LMS switched on.
 
     For tf.compat.v1.Session(config=...), MonitoredTrainingSession(config=...)
     and an Estimator's RunConfig(session_config=...): a session given a
-    ConfigProto reads LMS from it, not from tf.config.experimental.
+    ConfigProto reads LMS from it, not from tf.config.experimental. `prefetch`
+    and `prefetch_lookahead` (tensor uses; 0 keeps the default, 256) set
+    gpu_options.experimental.lms_prefetch_enabled / lms_prefetch_lookahead, what
+    v1's lb/ub map to (`parameters.prefetch_lookahead(lb, ub)` computes it).
     """
+    if not isinstance(defrag, bool) or not isinstance(prefetch, bool):
+        raise TypeError(
+            f"lms_config(): defrag and prefetch must be bools, got {defrag!r} and {prefetch!r}"
+        )
+    if (
+        isinstance(prefetch_lookahead, bool)
+        or not isinstance(prefetch_lookahead, int)
+        or not 0 <= prefetch_lookahead <= MAX_LOOKAHEAD
+    ):
+        raise ValueError(
+            f"lms_config(): prefetch_lookahead must be an int from 0 (the default, 256 tensor "
+            f"uses) to 2**31 - 1, got {prefetch_lookahead!r}"
+        )
     tf = tensorflow()
     experimental_type = tf.compat.v1.GPUOptions.Experimental
-    if "lms_enabled" not in experimental_type.DESCRIPTOR.fields_by_name:
+    fields = experimental_type.DESCRIPTOR.fields_by_name
+    needed = ["lms_enabled"]
+    if prefetch or prefetch_lookahead:
+        needed += ["lms_prefetch_enabled", "lms_prefetch_lookahead"]
+    missing = [name for name in needed if name not in fields]
+    if missing:
         raise LMSUnavailableError(
             unavailable_message(tf, "lms_config()").replace(
                 "has no tf.config.experimental.set_lms_enabled",
-                "has no ConfigProto field gpu_options.experimental.lms_enabled",
+                f"has no ConfigProto field gpu_options.experimental.{missing[0]}",
             )
         )
     result = tf.compat.v1.ConfigProto()
@@ -167,4 +226,8 @@ def lms_config(config: Any = None, *, defrag: bool = False) -> Any:
     result.gpu_options.experimental.lms_enabled = True
     if defrag:
         result.gpu_options.experimental.lms_defrag_enabled = True
+    if prefetch:
+        result.gpu_options.experimental.lms_prefetch_enabled = True
+    if prefetch_lookahead:
+        result.gpu_options.experimental.lms_prefetch_lookahead = prefetch_lookahead
     return result

@@ -27,7 +27,9 @@ from tensorflow_large_model_support.parameters import (
     BY_NAME,
     PARAMETERS,
     SET_ENABLED,
+    SET_PREFETCH_ENABLED,
     SET_PREFETCH_LOOKAHEAD,
+    prefetch_lookahead,
     translate,
 )
 
@@ -73,13 +75,75 @@ def test_positive_n_tensors_is_on_with_the_count_reported_ignored() -> None:
     ("lb", "ub", "lookahead", "sources"),
     [(8, 10000, 8, ("lb",)), (8, 64, 8, ("lb", "ub")), (1, 16, 16, ("ub",)), (1, 10000, None, ())],
 )
-def test_lb_and_ub_become_the_prefetch_lookahead(
+def test_lb_and_ub_switch_prefetch_on_with_their_lookahead(
     lb: int, ub: int, lookahead: int | None, sources: tuple[str, ...]
 ) -> None:
     t = translate({"lb": lb, "ub": ub})
     assert t.settings.get(SET_PREFETCH_LOOKAHEAD) == lookahead
     assert t.sources.get(SET_PREFETCH_LOOKAHEAD, ()) == sources
-    assert list(t.settings) == [SET_ENABLED] + ([SET_PREFETCH_LOOKAHEAD] if lookahead else [])
+    if lookahead is None:
+        # v1 defaults: prefetch keeps TensorFlow's own setting (off) and lookahead.
+        assert list(t.settings) == [SET_ENABLED]
+    else:
+        assert t.settings[SET_PREFETCH_ENABLED] is True
+        assert t.sources[SET_PREFETCH_ENABLED] == sources
+        assert list(t.settings) == [SET_ENABLED, SET_PREFETCH_ENABLED, SET_PREFETCH_LOOKAHEAD]
+    assert "lb" not in t.ignored and "ub" not in t.ignored
+
+
+@pytest.mark.parametrize(("lb", "ub"), [(0, 0), (0, 10000), (0, 50)])
+def test_lb_zero_asks_for_swap_ins_right_before_use_so_prefetch_off(lb: int, ub: int) -> None:
+    t = translate({"lb": lb, "ub": ub})
+    assert t.settings == {SET_ENABLED: True, SET_PREFETCH_ENABLED: False}
+    assert "lb" in t.sources[SET_PREFETCH_ENABLED]
+
+
+def test_lookahead_is_capped_at_what_the_config_field_holds() -> None:
+    assert prefetch_lookahead(1, 10**12) == (2**31 - 1, ("ub",))
+    assert prefetch_lookahead(1, 10000) == (0, ())
+
+
+def test_a_build_without_the_prefetch_setters_warns_once_naming_lb(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A patched TensorFlow older than the prefetch settings: LMS still switches on."""
+    from types import SimpleNamespace
+
+    from tensorflow_large_model_support import runtime
+
+    state = {"enabled": False}
+
+    def set_lms_enabled(value: bool) -> None:
+        state["enabled"] = value
+
+    experimental = SimpleNamespace(
+        set_lms_enabled=set_lms_enabled, get_lms_enabled=lambda: state["enabled"]
+    )
+    fake = SimpleNamespace(
+        config=SimpleNamespace(experimental=experimental),
+        compat=SimpleNamespace(v1=SimpleNamespace(get_default_session=lambda: None)),
+    )
+    monkeypatch.setattr(runtime, "tensorflow", lambda: fake)
+    with pytest.warns(runtime.LMSParameterWarning) as caught:
+        applied = runtime.apply(translate({"lb": 4}), "LMS.run()", "advice")
+    assert applied == {SET_ENABLED: True} and state["enabled"] is True
+    (message,) = [str(w.message) for w in caught]
+    assert (
+        "lb: this TensorFlow has no tf.config.experimental.set_lms_prefetch_enabled, so "
+        "set_lms_prefetch_enabled(True) is not applied" in message
+    )
+    assert "set_lms_prefetch_lookahead(4) is not applied" in message
+
+
+def test_lms_config_refuses_bad_prefetch_values_before_importing_tensorflow() -> None:
+    from tensorflow_large_model_support import lms_config
+
+    with pytest.raises(ValueError, match="prefetch_lookahead must be an int from 0"):
+        lms_config(prefetch_lookahead=-1)
+    with pytest.raises(ValueError, match="prefetch_lookahead must be an int from 0"):
+        lms_config(prefetch_lookahead=True)
+    with pytest.raises(TypeError, match="defrag and prefetch must be bools"):
+        lms_config(prefetch=1)  # type: ignore[arg-type]
 
 
 def test_bad_values_are_refused_with_what_to_change() -> None:
@@ -348,18 +412,32 @@ def test_patched_session_pattern_switches_lms_and_warns_once(
     patched_results: dict[str, dict[str, Any]],
 ) -> None:
     r = patched_results["sessions"]
-    # LMS.run(graph) before the Session: on, one warning for what v1 needed and
-    # now is meaningless, one for the lookahead setter this build lacks.
+    # LMS.run(graph) before the Session: on, with prefetch on and lb=4 as its
+    # lookahead; one warning, for what v1 needed and now is meaningless.
     s = r["session"]
-    assert s["before"] is False and s["after"] is True and s["applied"] == {SET_ENABLED: True}
-    ignored, missing = s["warnings"]
+    assert s["before"] is False and s["after"] is True
+    assert s["applied"] == {
+        SET_ENABLED: True,
+        SET_PREFETCH_ENABLED: True,
+        SET_PREFETCH_LOOKAHEAD: 4,
+    }
+    assert s["prefetch"] == {"enabled": True, "lookahead": 4, "context_config": [True, 4]}
+    (ignored,) = s["warnings"]
     assert "optimizer_scopes:" in ignored and "swap_branches:" in ignored
     assert "lb:" not in ignored and "debug:" not in ignored
-    assert "lb=4" in missing and "set_lms_prefetch_lookahead" in missing
     assert s["warning_file"].endswith("test_v1_compat.py")
     assert s["losses"][2] < s["losses"][0]
-    assert any("applied tf.config.experimental.set_lms_enabled(True)" in m for m in s["log"])
-    assert s["config"] == {"lms_enabled": True, "defrag": True, "caller_config_untouched": True}
+    assert any(
+        "applied tf.config.experimental.set_lms_enabled(True), set_lms_prefetch_enabled(True), "
+        "set_lms_prefetch_lookahead(4)" in m
+        for m in s["log"]
+    )
+    assert s["config"] == {
+        "lms_enabled": True,
+        "defrag": True,
+        "prefetch": [True, 16],
+        "caller_config_untouched": True,
+    }
 
     assert r["n_tensors_0"] == {"enabled": False, "applied": {SET_ENABLED: False}}
     assert "already open" in r["open_session"] and "lms_config(config)" in r["open_session"]
@@ -389,6 +467,13 @@ def test_patched_keras_callback_switches_lms_before_the_model_and_refuses_late_c
     assert "cannot be changed after" in k["too_late"]  # TensorFlow's own reason, kept
     assert "LMS.run(): Large Model Support cannot be switched off now" in k["run_too_late"]
     assert k["same_value_after_init"] is True
+    # lb after the runtime started: TensorFlow refuses the prefetch change, and the
+    # message names the setting and the v1 parameter it came from.
+    assert (
+        "LMS.run(): tf.config.experimental.set_lms_prefetch_enabled(True) (from lb) cannot be "
+        "applied now" in k["prefetch_too_late"]
+    )
+    assert "set_lms_prefetch_enabled(True) at the start" in k["prefetch_too_late"]
 
 
 def _sessions_scenario() -> dict[str, Any]:
@@ -418,6 +503,7 @@ def _sessions_scenario() -> dict[str, Any]:
     # 1. mnist_deep_lms.py: LMS({'adam_optimizer'}).run(graph) before the Session.
     graph, x, loss, train = _v1_graph()
     before = experimental.get_lms_enabled()
+    assert experimental.get_lms_prefetch_enabled() is False
     with warnings.catch_warnings(record=True) as caught, graph.as_default():
         warnings.simplefilter("always")
         lms = LMS({"adam_optimizer"}, lb=4, swap_branches=True, debug=True)
@@ -426,13 +512,24 @@ def _sessions_scenario() -> dict[str, Any]:
         sess.run(tf.compat.v1.global_variables_initializer())
         losses = [float(sess.run([train, loss], {x: data})[1]) for _ in range(3)]
     mine = tf.compat.v1.ConfigProto(log_device_placement=True)
-    cfg = lms_config(mine, defrag=True)
+    cfg = lms_config(mine, defrag=True, prefetch=True, prefetch_lookahead=16)
+    from tensorflow.python.eager import context
+
+    gpu_options = context.context().config.gpu_options.experimental
     with graph.as_default(), tf.compat.v1.Session(config=cfg) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
     out["session"] = {
         "before": before,
         "after": experimental.get_lms_enabled(),
         "applied": lms.applied,
+        "prefetch": {
+            "enabled": experimental.get_lms_prefetch_enabled(),
+            "lookahead": experimental.get_lms_prefetch_lookahead(),
+            "context_config": [
+                gpu_options.lms_prefetch_enabled,
+                gpu_options.lms_prefetch_lookahead,
+            ],
+        },
         "warnings": [str(w.message) for w in caught],
         "warning_file": caught[0].filename,
         "losses": losses,
@@ -440,6 +537,10 @@ def _sessions_scenario() -> dict[str, Any]:
         "config": {
             "lms_enabled": cfg.gpu_options.experimental.lms_enabled,
             "defrag": cfg.gpu_options.experimental.lms_defrag_enabled,
+            "prefetch": [
+                cfg.gpu_options.experimental.lms_prefetch_enabled,
+                cfg.gpu_options.experimental.lms_prefetch_lookahead,
+            ],
             "caller_config_untouched": not mine.gpu_options.experimental.lms_enabled
             and cfg.log_device_placement,
         },
@@ -511,6 +612,11 @@ def _keras_scenario() -> dict[str, Any]:
     except LMSTooLateError as e:
         keras["run_too_late"] = str(e)
     keras["same_value_after_init"] = LMSKerasCallback().applied == {SET_ENABLED: True}
+    try:
+        LMS(lb=8).run()
+        keras["prefetch_too_late"] = "no error"
+    except LMSTooLateError as e:
+        keras["prefetch_too_late"] = str(e)
     out["keras"] = keras
     return out
 
