@@ -159,3 +159,12 @@ def test_precision_and_model_errors() -> None:
 
     with pytest.raises(ValueError, match="use one of fp32, mixed"):
         check_precision("fp8")
+
+
+def test_batch_scaling_is_measured_at_batch_one() -> None:
+    # The planner traces at batch 1; a mask TensorFlow folds into a constant at 512 elements but
+    # not at 1024 would make the graphs at batch 1 and 2 differ, and scaling fall back to a guess.
+    trace = _trace("GPT2-tiny", 1, 512)
+    assert trace.metadata["batch_scaling"] == "measured"
+    logits = max((t for t in trace.tensors if t.batch_scaled), key=lambda t: t.bytes)
+    assert logits.bytes >= 512 * 1024 * 4  # every position's logits over the vocabulary

@@ -191,6 +191,13 @@ def run_transformers(
     }
     bar = progress_bar("transformers", len(scaling) + len(sequences) + 1, progress, "point")
     try:
+        if not quick:
+            # First: the figure the page leads with, so a stopped run still has it.
+            bar.set_postfix_str("goal: GPT-2 1.5B fp32")
+            res["goal"] = study_goal(machines, steps=steps)
+            if save:
+                save(res)
+        bar.update(1)
         for point in scaling:
             bar.set_postfix_str(f"{point.model} {point.precision}")
             res["scaling"].append(study_point(point, machines, steps=steps, progress=False))
@@ -203,10 +210,6 @@ def run_transformers(
             bar.update(1)
             if save:
                 save(res)
-        if not quick:
-            bar.set_postfix_str("goal: GPT-2 1.5B fp32")
-            res["goal"] = study_goal(machines, steps=steps)
-        bar.update(1)
     finally:
         bar.close()
     res["seconds"] = round(time.perf_counter() - started, 1)

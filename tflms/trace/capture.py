@@ -49,7 +49,8 @@ from tflms.trace.models import (
 log = logging.getLogger(__name__)
 
 # Bump when the way traces are extracted changes, so cached traces are re-made.
-CAPTURE_REVISION = 2  # 2: segment sums cost their input, transformers
+# 2: segment sums cost their input, transformers; 3: transformer masks computed from the ids.
+CAPTURE_REVISION = 3
 
 OPTIMIZER_DESCRIPTIONS = {
     "sgd": "SGD(learning_rate=0.01, momentum=0.9)",

@@ -100,12 +100,15 @@ def build_language_model(name: str, sequence_length: int) -> Any:
             self.backbone = backbone
 
         def call(self, token_ids: Any, training: bool = False) -> Any:
+            # Computed from the ids rather than ones_like/zeros_like: TensorFlow folds a small
+            # ones_like into a constant (under 1000 elements), so the step graph at batch 1 and
+            # 512 tokens would differ from batch 2's and batch scaling could not be measured.
             inputs = {
                 "token_ids": token_ids,
-                "padding_mask": keras.ops.ones_like(token_ids, dtype="bool"),
+                "padding_mask": keras.ops.greater_equal(token_ids, 0),
             }
             if config.family == "bert":
-                inputs["segment_ids"] = keras.ops.zeros_like(token_ids)
+                inputs["segment_ids"] = keras.ops.minimum(token_ids, 0)
             hidden = self.backbone(inputs, training=training)
             if config.family == "bert":
                 hidden = hidden["sequence_output"]
