@@ -173,6 +173,23 @@ if sys.argv[1] == "addon":
     tf.config.experimental.set_lms_enabled(True)
     tf.config.experimental.set_lms_defrag_enabled(True)
     assert tf.config.experimental.get_lms_enabled()
+    assert tf.config.experimental.get_lms_prefetch_enabled() is False
+    assert tf.config.experimental.get_lms_prefetch_lookahead() == 0
+    for bad, error in (("1", TypeError), (-1, ValueError), (2**31, ValueError), (True, TypeError)):
+        try:
+            tf.config.experimental.set_lms_prefetch_lookahead(bad)
+            raise AssertionError(f"set_lms_prefetch_lookahead({bad!r}) was accepted")
+        except error:
+            pass
+    try:
+        tf.config.experimental.set_lms_prefetch_enabled(1)
+        raise AssertionError("set_lms_prefetch_enabled(1) was accepted")
+    except TypeError:
+        pass
+    tf.config.experimental.set_lms_prefetch_enabled(True)
+    tf.config.experimental.set_lms_prefetch_lookahead(32)
+    assert tf.config.experimental.get_lms_prefetch_enabled() is True
+    assert tf.config.experimental.get_lms_prefetch_lookahead() == 32
     assert tflms.addon.installed() == {"device_factory": True, "gpu_process_state": True}
     for name in list(tflms.addon.STAT_FUNCTIONS) + ["get_lms_stats", "reclaim_inactive"]:
         assert callable(getattr(tf.experimental, name)), name
@@ -203,6 +220,16 @@ if sys.argv[1] == "addon":
         raise AssertionError("late set_lms_enabled(False) was accepted")
     except RuntimeError as e:
         assert "before TensorFlow creates its devices" in str(e), e
+    for setter, value in (
+        (tf.config.experimental.set_lms_prefetch_enabled, False),
+        (tf.config.experimental.set_lms_prefetch_lookahead, 8),
+    ):
+        try:
+            setter(value)
+            raise AssertionError(f"late {setter.__name__}({value}) was accepted")
+        except RuntimeError as e:
+            assert "before TensorFlow creates its devices" in str(e), e
+    setter(32)  # the value in force: allowed
     try:
         tf.experimental.get_bytes_in_use(0)
         raise AssertionError("statistics without a GPU")

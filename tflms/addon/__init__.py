@@ -11,8 +11,10 @@ TensorFlow-side sources and the engine against the installed `tensorflow` wheel 
 first use with a progress bar, then cached under ~/.cache/tflms/addon/), installs an LMS GPU
 device factory and GPU process state in that TensorFlow, and gives it the patch's Python
 names: `tf.config.experimental.set_lms_enabled` / `get_lms_enabled` /
-`set_lms_defrag_enabled` / `get_lms_defrag_enabled` / `set_lms_limit` / `get_lms_limit`
-and the statistics functions under `tf.experimental` (TFLMS v2's names).
+`set_lms_defrag_enabled` / `get_lms_defrag_enabled` / `set_lms_limit` / `get_lms_limit` /
+`set_lms_prefetch_enabled` / `get_lms_prefetch_enabled` / `set_lms_prefetch_lookahead` /
+`get_lms_prefetch_lookahead` and the statistics functions under `tf.experimental` (TFLMS
+v2's names).
 `TF_GPU_HOST_MEM_LIMIT_IN_MB` bounds the pinned host memory reclaimed tensors occupy.
 
 With LMS off (the default) TensorFlow allocates exactly as stock; on a machine without a
@@ -57,7 +59,15 @@ HOST_STAT_FUNCTIONS: dict[str, str] = {
 
 _lib: ctypes.CDLL | None = None
 # Python's view of the settings; the library holds the ones TensorFlow reads.
-_settings: dict[str, Any] = {"enabled": False, "defrag": False, "limit": 0}
+_settings: dict[str, Any] = {
+    "enabled": False,
+    "defrag": False,
+    "limit": 0,
+    "prefetch": False,
+    "lookahead": 0,
+}
+# The largest lookahead the engine takes (an int32, as in the patch's ConfigProto).
+_MAX_LOOKAHEAD = 2**31 - 1
 
 
 def _devices_exist() -> bool:
@@ -93,7 +103,13 @@ def _check_environment(tf: Any) -> None:
 def _declare(lib: ctypes.CDLL) -> None:
     lib.tflms_addon_install.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.tflms_addon_install.restype = ctypes.c_int
-    lib.tflms_addon_set_options.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64]
+    lib.tflms_addon_set_options.argtypes = [
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int64,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     lib.tflms_addon_set_options.restype = ctypes.c_int
     lib.tflms_addon_settings_in_force.restype = ctypes.c_int
     lib.tflms_addon_last_error.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -174,7 +190,14 @@ def _apply(key: str, value: Any, what: str) -> None:
             "op): the runtime is already initialized with the setting in force"
         )
     new = {**_settings, key: value}
-    if lib.tflms_addon_set_options(int(new["enabled"]), int(new["defrag"]), new["limit"]) != 0:
+    rc = lib.tflms_addon_set_options(
+        int(new["enabled"]),
+        int(new["defrag"]),
+        new["limit"],
+        int(new["prefetch"]),
+        new["lookahead"],
+    )
+    if rc != 0:
         raise RuntimeError(f"{what}: TensorFlow already created its GPU allocators")
     _settings.update(new)
 
@@ -211,6 +234,48 @@ def set_lms_defrag_enabled(enable: bool) -> None:
     """
     _check_bool("set_lms_defrag_enabled", enable)
     _apply("defrag", enable, "tf.config.experimental.set_lms_defrag_enabled")
+
+
+def get_lms_prefetch_enabled() -> bool:
+    """Returns whether LMS brings tensors back ahead of their use (TF_LMS_PREFETCH aside)."""
+    return bool(_settings["prefetch"])
+
+
+def set_lms_prefetch_enabled(enable: bool) -> None:
+    """Enables or disables LMS prefetch for GPUs, before the first op.
+
+    As the patch's `tf.config.experimental.set_lms_prefetch_enabled`: LMS learns the order
+    in which a step uses its tensors and maps evicted ones back ahead of their use, up to
+    `get_lms_prefetch_lookahead()` tensor uses ahead. Off by default. `TF_LMS_PREFETCH`
+    (true/false), when set, overrides it when the allocators are created. Raises TypeError
+    for a non-bool, RuntimeError once the runtime is up with another setting in force.
+    """
+    _check_bool("set_lms_prefetch_enabled", enable)
+    _apply("prefetch", enable, "tf.config.experimental.set_lms_prefetch_enabled")
+
+
+def get_lms_prefetch_lookahead() -> int:
+    """Returns the prefetch lookahead in tensor uses (0: the engine's default, 256)."""
+    return int(_settings["lookahead"])
+
+
+def set_lms_prefetch_lookahead(uses: int) -> None:
+    """Sets how many tensor uses ahead LMS prefetch looks (0: the default, 256).
+
+    Before the first op, as `set_lms_prefetch_enabled`. Raises TypeError for a non-int,
+    ValueError for a negative value or one of 2**31 or more, RuntimeError once the runtime
+    is up with another setting in force.
+    """
+    if isinstance(uses, bool) or not isinstance(uses, int):
+        raise TypeError(
+            f"set_lms_prefetch_lookahead expects an int number of tensor uses, got {uses!r}"
+        )
+    if uses < 0 or uses > _MAX_LOOKAHEAD:
+        raise ValueError(
+            f"set_lms_prefetch_lookahead: {uses} must be 0 (the default, 256 tensor uses) or "
+            f"a positive number of tensor uses below 2**31"
+        )
+    _apply("lookahead", uses, "tf.config.experimental.set_lms_prefetch_lookahead")
 
 
 def get_lms_limit() -> int:
@@ -358,6 +423,10 @@ CONFIG_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "set_lms_defrag_enabled": set_lms_defrag_enabled,
     "get_lms_limit": get_lms_limit,
     "set_lms_limit": set_lms_limit,
+    "get_lms_prefetch_enabled": get_lms_prefetch_enabled,
+    "set_lms_prefetch_enabled": set_lms_prefetch_enabled,
+    "get_lms_prefetch_lookahead": get_lms_prefetch_lookahead,
+    "set_lms_prefetch_lookahead": set_lms_prefetch_lookahead,
 }
 
 

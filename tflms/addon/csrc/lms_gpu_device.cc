@@ -35,6 +35,7 @@
 // devices exist. LMS settings (tflms_addon_set_options) are read when a
 // GPU's allocator is created, i.e. when TensorFlow creates its devices.
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -111,6 +112,8 @@ struct Settings {
   bool lms_enabled = false;
   bool defrag_enabled = false;
   int64_t lms_limit = 0;
+  bool prefetch_enabled = false;
+  int prefetch_lookahead = 0;  // 0: the engine's default
 };
 
 // Lock order: g_mu is a leaf. It is never held while calling into
@@ -127,6 +130,24 @@ std::string g_last_error;        // guarded by g_mu
 std::map<int, LmsAllocator*> g_allocators;  // guarded by g_mu
 // The LMS allocator's engine device, per GPU: for attaching the stream.
 std::map<int, tflms::CudaDevice*> g_cuda_devices;  // guarded by g_mu
+
+// Prefetch as the patch decides it (lms_gpu_allocator.cc): the Python
+// setting, overridden either way by TF_LMS_PREFETCH when that is set to a
+// boolean (true/false/1/0, any case); any other value is reported and the
+// setting kept.
+bool PrefetchEnabled(bool from_settings, int tf_device_id) {
+  const char* env = std::getenv("TF_LMS_PREFETCH");
+  if (env == nullptr || *env == '\0') return from_settings;
+  std::string value(env);
+  for (char& c : value) c = static_cast<char>(std::tolower(c));
+  if (value == "true" || value == "1") return true;
+  if (value == "false" || value == "0") return false;
+  LOG(ERROR) << "TF_LMS_PREFETCH=" << env << " is not a boolean (true, false, "
+             << "1 or 0); GPU:" << tf_device_id << " uses the setting of "
+             << "tf.config.experimental.set_lms_prefetch_enabled ("
+             << (from_settings ? "true" : "false") << ").";
+  return from_settings;
+}
 
 size_t HostLimitBytes() {
   int64_t mb = kDefaultHostLimitMb;
@@ -209,6 +230,11 @@ class LmsGpuProcessState : public GPUProcessState {
                            ? 0
                            : static_cast<size_t>(g_settings.lms_limit);
     if (engine.lms_limit >= total_bytes) engine.lms_limit = 0;
+    engine.prefetch_enabled =
+        PrefetchEnabled(g_settings.prefetch_enabled, tf_device_id.value());
+    if (g_settings.prefetch_lookahead > 0) {
+      engine.prefetch_lookahead = g_settings.prefetch_lookahead;
+    }
     engine.host_memory_limit = HostLimitBytes();
     engine.fixed_addresses = true;
     const size_t g = device->VmGranularity();
@@ -229,7 +255,13 @@ class LmsGpuProcessState : public GPUProcessState {
               << tf_device_id.value() << ": " << (total_bytes >> 20)
               << " MiB of device memory in " << (engine.page_size >> 20)
               << " MiB pages, up to " << (engine.host_memory_limit >> 20)
-              << " MiB of pinned host memory (TF_GPU_HOST_MEM_LIMIT_IN_MB).";
+              << " MiB of pinned host memory (TF_GPU_HOST_MEM_LIMIT_IN_MB), "
+              << "prefetch "
+              << (engine.prefetch_enabled
+                      ? absl::StrCat("on, ", engine.prefetch_lookahead,
+                                     " tensor uses ahead")
+                      : std::string("off"))
+              << ".";
     return lms;
   }
 };
@@ -447,13 +479,17 @@ int tflms_addon_install(char* error, int error_len) {
 // LMS settings for GPUs whose allocators are created from now on. Returns 1
 // when an allocator was already asked for (the settings in force stay).
 int tflms_addon_set_options(int lms_enabled, int defrag_enabled,
-                            int64_t lms_limit) {
+                            int64_t lms_limit, int prefetch_enabled,
+                            int prefetch_lookahead) {
   using namespace tflms_addon;  // NOLINT
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_settings_used) return 1;
   g_settings.lms_enabled = lms_enabled != 0;
   g_settings.defrag_enabled = defrag_enabled != 0;
   g_settings.lms_limit = lms_limit;
+  g_settings.prefetch_enabled = prefetch_enabled != 0;
+  g_settings.prefetch_lookahead =
+      prefetch_lookahead < 0 ? 0 : prefetch_lookahead;
   return 0;
 }
 
