@@ -187,3 +187,106 @@ def test_step_ids_without_enough_pins_do_not_end_a_step() -> None:
     stats = eng.stats()
     assert stats["num_page_ins"] > 0
     assert stats["num_prefetches"] == 0
+
+
+def run_long_forward(store_data: bool, steps: int = 3) -> tuple[tflms.Engine, dict[str, float]]:
+    """A step whose forward is long: the first activations' next use lies far beyond the
+    8-pin look-ahead, so the previous step's victims can be paged out at their last use."""
+    eng = tflms.Engine(
+        device_memory=64 * MiB,
+        host_memory=1 << 30,
+        prefetch=True,
+        prefetch_budget=32 * MiB,
+        prefetch_lookahead=8,
+        store_data=store_data,
+        link_gbps=24.0,
+    )
+    act = 4 * MiB
+    per_op = act / 24e9 * 1.5
+    delta: dict[str, float] = {}
+    for step in range(steps):
+        eng.step_begin()
+        eng.synchronize()
+        start = eng.timeline()
+        acts = []
+        for i in range(40):
+            a = eng.allocate(act, pinned=True)
+            if store_data:
+                a.write(bytes([step, i]) * 64)
+            eng.compute(per_op)
+            eng.unpin(a)
+            acts.append(a)
+        for i, a in reversed(list(enumerate(acts))):
+            eng.pin(a)
+            if store_data:
+                assert a.read()[:128] == bytes([step, i]) * 64
+            eng.compute(per_op)
+            eng.unpin(a)
+            eng.free(a)
+        eng.synchronize()
+        end = eng.timeline()
+        delta = {k: end[k] - start[k] for k in end}
+    return eng, delta
+
+
+def test_victims_of_the_last_step_are_paged_out_ahead_of_pressure() -> None:
+    eng, delta = run_long_forward(store_data=False)
+    stats = eng.stats()
+    assert stats["num_early_page_outs"] > 0
+    # Early copies run while the compute stream works: the forward no longer stops for
+    # page-outs that an allocation waits on (the first step, which had no order, did).
+    _, first = run_long_forward(store_data=False, steps=1)
+    assert delta["compute_time"] < first["compute_time"]
+    eng.check_invariants()
+
+
+def test_early_page_outs_keep_every_byte() -> None:
+    eng, _ = run_long_forward(store_data=True)
+    assert eng.stats()["num_early_page_outs"] > 0
+    assert eng.stats()["current_bytes_reclaimed"] == 0
+
+
+def test_a_tensor_larger_than_the_budget_is_prefetched_into_free_memory() -> None:
+    """A 24 MiB tensor, above the 8 MiB budget, is paged out under pressure and read after
+    the pressure is gone: prefetch brings it back into the free hole before its use."""
+    eng = tflms.Engine(
+        device_memory=64 * MiB,
+        host_memory=1 << 30,
+        prefetch=True,
+        prefetch_budget=8 * MiB,
+        prefetch_lookahead=8,
+        store_data=False,
+        link_gbps=24.0,
+    )
+    big_bytes = 24 * MiB
+    for _ in range(3):
+        eng.step_begin()
+        big = eng.allocate(big_bytes, pinned=True)
+        eng.compute(1e-3)
+        eng.unpin(big)
+        # pressure: 48 MiB of short-lived tensors push `big` out
+        tmp = [eng.allocate(16 * MiB, pinned=True) for _ in range(3)]
+        eng.compute(1e-3)
+        for t in tmp:
+            eng.unpin(t)
+            eng.free(t)
+        # small ops with free memory before `big` is read again
+        smalls = []
+        for _ in range(20):
+            s = eng.allocate(1 * MiB, pinned=True)
+            eng.compute(1e-4)
+            eng.unpin(s)
+            smalls.append(s)
+        for s in smalls:
+            eng.pin(s)
+            eng.compute(1e-3)
+            eng.unpin(s)
+        eng.pin(big)
+        eng.compute(1e-3)
+        eng.unpin(big)
+        eng.free(big)
+        for s in smalls:
+            eng.free(s)
+    stats = eng.stats()
+    assert stats["num_page_ins"] > 0
+    assert stats["prefetch_hits"] > 0

@@ -53,6 +53,11 @@ Engine::Impl::Impl(Device* device, const EngineOptions& options)
 
 Engine::Impl::~Impl() {
   // No other thread may use the engine now; waiting without mu_ is safe.
+  for (EarlyPageOut& e : early_outs_) {
+    device_->SynchronizeEvent(e.done);
+    host_pool_->Free(e.host);
+  }
+  early_outs_.clear();
   for (PendingHostFree& p : pending_host_frees_) {
     device_->SynchronizeEvent(p.event);
     host_pool_->Free(p.ptr);
@@ -191,6 +196,15 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
       h = find(true);
       if (h != BfcArena::kInvalidChunk) return done(h, AllocSource::kNewRegion);
     }
+  }
+
+  // Copies started ahead of this request (StartEarlyPageOut) free the room
+  // it was for: settle them oldest first, only as many as it takes, since
+  // the compute stream (or the host) is ordered after each one settled.
+  while (!early_outs_.empty()) {
+    SettleEarlyPageOutsLocked(lock, /*max=*/1);
+    h = find(true);
+    if (h != BfcArena::kInvalidChunk) return done(h, AllocSource::kFree);
   }
 
   Status host_status;
@@ -444,6 +458,7 @@ Status Engine::Impl::FreeBuffer(Buffer* b) {
         "buffer " + std::to_string(b->id) + " is pinned " +
         std::to_string(b->pin_count) + " time(s); unpin it before freeing");
   }
+  if (b->early_out) CancelEarlyPageOutLocked(b);
   if (b->state != BufferState::kResident &&
       b->state != BufferState::kReclaimed) {
     // A copy is in flight; the thread running it destroys the buffer when

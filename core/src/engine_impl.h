@@ -54,6 +54,12 @@ class Buffer {
   bool unmovable = false;
   bool free_requested = false;  // freed while a copy was in flight
   bool prefetched = false;      // paged in ahead of use, not pinned since
+  // While prefetched: how many pins ahead of its use it was paged in.
+  size_t prefetch_distance = 0;
+  // Paged out ahead of pressure (kPagingOut with no thread waiting on the
+  // copy): in Impl::early_outs_ once its copy is enqueued. See
+  // StartEarlyPageOut.
+  bool early_out = false;
   // The last-use epoch stamped by its last Unpin (0: no use to wait for).
   // Every kernel that used the buffer was enqueued on the compute stream
   // before that Unpin, so a compute-stream event recorded after the epoch
@@ -135,9 +141,29 @@ class Engine::Impl {
   // Brings a reclaimed buffer back. `for_prefetch` limits the ladder to
   // cheap steps so prefetch never causes a full reclaim.
   Status PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
-                bool for_prefetch, size_t protect_until = 0);
+                bool for_prefetch, size_t protect_until = 0,
+                bool no_reclaim = false);
   void LruPush(Buffer* b);
   void LruRemove(Buffer* b);
+  // ---- residency.cc: page-out ahead of pressure ----
+  // Enqueues the copy of inactive buffer `v` to the host and returns without
+  // waiting for it (mu_ released while enqueueing): the learned step says
+  // the room is needed before its next use, and a copy started now runs
+  // while the compute stream works, instead of when an allocation fails and
+  // the host must wait for it. Its chunk is freed when the copy is settled
+  // (SettleEarlyPageOutsLocked). Returns with `lock` held.
+  void StartEarlyPageOut(std::unique_lock<std::mutex>& lock, Buffer* v);
+  // Settles the `max` oldest early page-outs (frees their chunks): a copy
+  // known complete is settled at once, the compute stream ordered after it
+  // before the freed chunk's next user runs; otherwise the host waits for
+  // it (mu_ released meanwhile). Returns with `lock` held.
+  void SettleEarlyPageOutsLocked(std::unique_lock<std::mutex>& lock,
+                                 size_t max);
+  // Takes back an early page-out of `b` whose copy is enqueued: `b` stays
+  // resident (its next user waits for the copy, which may still read it),
+  // the host copy is freed once the copy is done. False if `b` has none
+  // enqueued (its copy is still being enqueued: wait on cv_).
+  bool CancelEarlyPageOutLocked(Buffer* b);
   // Frees host copies whose page-in has landed. With `wait`, first waits
   // (mu_ released meanwhile) for the ones still in flight.
   void ReleaseSettledHostCopies(std::unique_lock<std::mutex>* lock, bool wait);
@@ -211,6 +237,16 @@ class Engine::Impl {
   void RunPrefetch(std::unique_lock<std::mutex>& lock,
                    const std::vector<Buffer*>& plan);
   void ForgetBufferForPrefetch(Buffer* b);
+  // Whether inactive `b`, just unpinned, should be paged out now: following
+  // the learned order, the previous step paged it out between here and its
+  // next use. Not in fixed-address mode.
+  bool ShouldPageOutEarlyLocked(const Buffer* b) const;
+  // A victim paged out now (single, fragment or full reclaim, or early):
+  // the next step pages it out early at its last use before this point.
+  void NoteVictimLocked(const Buffer* v);
+  // A prefetched buffer is paged out again before its pin: the memory it
+  // took was needed first. Its key is paged in closer to its use from now.
+  void NotePrefetchWastedLocked(Buffer* b);
   // Position of the buffer's next pin in the learned step order after the
   // cursor; SIZE_MAX when it is not pinned again this step or nothing is
   // learned yet.
@@ -397,6 +433,16 @@ class Engine::Impl {
   };
   std::vector<PendingHostFree> pending_host_frees_;
 
+  // Early page-outs whose copy is enqueued, not yet settled (guarded by mu_).
+  struct EarlyPageOut {
+    Buffer* buffer = nullptr;
+    void* host = nullptr;
+    EventRef done;     // recorded on the D2H stream after the copy
+    uint64_t covers = 0;   // last-use epochs the copy waited for
+    uint64_t free_seq = 0;
+  };
+  std::vector<EarlyPageOut> early_outs_;
+
   // Buffers in a transient state (kPagingOut, kPagingIn, kMoving); an
   // allocation that found nothing to reclaim waits for them to settle.
   int transitions_in_flight_ = 0;
@@ -421,6 +467,8 @@ class Engine::Impl {
     // first pins.
     bool choosing = false;
     std::vector<int64_t> learned;    // the order this step follows
+    // Whether `learned` is the newest recording (victims_learned is its).
+    bool learned_is_last = false;
     // learned positions of each key, ascending (built when chosen)
     std::unordered_map<int64_t, std::vector<size_t>> positions;
     size_t cursor = 0;
@@ -442,6 +490,14 @@ class Engine::Impl {
     int found_history = 0;
     std::unordered_map<int64_t, Buffer*> by_ordinal;  // this step's buffers
     size_t inflight_bytes = 0;  // prefetched, not yet pinned
+    // Per key, how many pins ahead of its use a buffer may be paged in; no
+    // entry: prefetch_lookahead. Halved when its prefetch was evicted again
+    // before the use (NotePrefetchWastedLocked).
+    std::unordered_map<int64_t, size_t> distance;
+    // Per key, the positions in this step's pin order (recording) at which
+    // it was paged out, and the same for the step `learned` comes from.
+    std::unordered_map<int64_t, std::vector<size_t>> victims_now;
+    std::unordered_map<int64_t, std::vector<size_t>> victims_learned;
   } prefetch_;
 };
 

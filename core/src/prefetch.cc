@@ -35,8 +35,19 @@
 // it, so prefetch starts from the third call.
 //
 // Bounds: prefetched-but-not-yet-pinned bytes stay under
-// prefetch_budget_bytes, and a prefetch may evict at most one victim (single
-// reclaim), never run a full reclaim or defragmentation.
+// prefetch_budget_bytes, except one tensor larger than the budget paged in
+// alone into memory that is free; a prefetch may evict at most one victim
+// (single reclaim), never run a full reclaim or defragmentation, and a key
+// whose prefetch was evicted again before its use is paged in closer to it
+// (half the distance) from then on.
+//
+// Page-out ahead of pressure: the positions at which each key was paged out
+// are noted per step; in the next step, a buffer unpinned at its last use
+// before such a position (and needed again beyond the look-ahead) starts its
+// copy to the host at once without the host waiting for it
+// (StartEarlyPageOut), so the device-to-host link works while the compute
+// stream does, instead of when an allocation finds no room and the host,
+// and then the compute stream, wait for the copy.
 #include <algorithm>
 #include <cstdint>
 
@@ -90,6 +101,7 @@ void Engine::Impl::NoteStepId(int64_t step_id) {
 void Engine::Impl::FollowRecording(size_t index) {
   PrefetchState& p = prefetch_;
   p.learned = p.library[index];
+  p.learned_is_last = index + 1 == p.library.size();
   p.positions.clear();
   for (size_t i = 0; i < p.learned.size(); ++i) {
     p.positions[p.learned[i]].push_back(i);
@@ -130,14 +142,38 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
       if (it != p.by_ordinal.end()) tail.push_back(-it->second->id);
     }
   }
+  // Victims noted at positions before `index` are the finished step's; later
+  // ones are the new step's, renumbered like its pins.
+  std::unordered_map<int64_t, std::vector<size_t>> victims_tail;
+  for (auto& entry : p.victims_now) {
+    std::vector<size_t> before;
+    for (size_t at : entry.second) {
+      if (at < index) {
+        before.push_back(at);
+      } else {
+        int64_t key = entry.first;
+        if (key >= ordinal_base) {
+          key -= ordinal_base;
+        } else if (key >= 0) {
+          auto it = p.by_ordinal.find(key);
+          if (it == p.by_ordinal.end()) continue;  // freed: cannot recur
+          key = -it->second->id;
+        }
+        victims_tail[key].push_back(at - index);
+      }
+    }
+    entry.second = std::move(before);
+  }
   p.recording.resize(index);
   if (!p.recording.empty()) {
+    p.victims_learned = std::move(p.victims_now);
     if (p.library.size() == kLibrarySize) p.library.erase(p.library.begin());
     p.library.push_back(std::move(p.recording));
     // Until this step's first pins say otherwise, it follows the last one.
     FollowRecording(p.library.size() - 1);
     p.choosing = p.library.size() > 1;
   }
+  p.victims_now = std::move(victims_tail);
   p.recording = std::move(tail);
   p.cursor = 0;
   ++p.step;
@@ -174,6 +210,40 @@ size_t Engine::Impl::NextUse(const Buffer* b) const {
       InCandidateStep() ? prefetch_.candidate_cursor : prefetch_.cursor;
   auto next = std::lower_bound(pos.begin(), pos.end(), cursor);
   return next == pos.end() ? SIZE_MAX : *next;
+}
+
+bool Engine::Impl::ShouldPageOutEarlyLocked(const Buffer* b) const {
+  const PrefetchState& p = prefetch_;
+  if (fixed_ || !p.learned_is_last || b->pin_count > 0 || !Reclaimable(b) ||
+      !FollowingLearnedOrder()) {
+    return false;
+  }
+  auto it = p.victims_learned.find(MatchKey(b));
+  if (it == p.victims_learned.end()) return false;
+  const size_t next = NextUse(b);
+  if (next == SIZE_MAX) return false;  // freed before it is needed again
+  const size_t cursor = InCandidateStep() ? p.candidate_cursor : p.cursor;
+  // Within the look-ahead window prefetch would page it straight back in:
+  // leave it to on-demand reclaim, which evicts only under real pressure.
+  if (next - cursor < static_cast<size_t>(options_.prefetch_lookahead)) {
+    return false;
+  }
+  // The previous step paged it out between this use and the next: the room
+  // it holds is needed before it is. Belady's choice, taken from the step
+  // that ran instead of from a model of the arena.
+  for (size_t at : it->second) {
+    if (at >= cursor && at < next) return true;
+  }
+  return false;
+}
+
+void Engine::Impl::NoteVictimLocked(const Buffer* v) {
+  prefetch_.victims_now[MatchKey(v)].push_back(prefetch_.recording.size());
+}
+
+void Engine::Impl::NotePrefetchWastedLocked(Buffer* b) {
+  const size_t halved = b->prefetch_distance / 2;
+  prefetch_.distance[MatchKey(b)] = std::max<size_t>(halved, 1);
 }
 
 void Engine::Impl::ForgetBufferForPrefetch(Buffer* b) {
@@ -260,10 +330,21 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
         next->free_requested) {
       continue;
     }
-    // A tensor larger than the budget is not prefetched even when nothing
-    // else is in flight: tried, it made the planner's ResNet50 at 6x batch
-    // swap 23% more bytes (its page-in evicts what the next ops need).
-    if (next->size > budget_left) break;
+    auto d = p.distance.find(k);
+    if (d != p.distance.end() && i - cursor >= d->second) continue;
+    if (next->size > budget_left) {
+      // A tensor larger than the budget is paged in only first in line,
+      // with nothing else in flight, and only into a hole that is free now
+      // (RunPrefetch: no reclaim). Allowed to evict, such page-ins made the
+      // planner's ResNet50 at 6x batch swap 23% more bytes; never prefetched,
+      // they were 12 of its 13 misses at 4x while 10-13 GiB sat free.
+      if (plan.empty() && p.inflight_bytes == 0 &&
+          arena_ != nullptr &&
+          arena_->LargestFreeChunk() >= BfcArena::RoundedBytes(next->size)) {
+        plan.push_back(next);
+      }
+      break;
+    }
     budget_left -= next->size;
     plan.push_back(next);
   }
@@ -284,8 +365,10 @@ void Engine::Impl::RunPrefetch(std::unique_lock<std::mutex>& lock,
     if (b->state != BufferState::kReclaimed || b->free_requested) continue;
     // Evicting for a prefetch must not push out what is needed before it.
     const size_t needed_at = NextUse(b);
+    // Over the budget: only into free memory (NotePinAndPlan).
     Status s = PageIn(lock, b, /*for_prefetch=*/true,
-                      needed_at == SIZE_MAX ? 0 : needed_at);
+                      needed_at == SIZE_MAX ? 0 : needed_at,
+                      /*no_reclaim=*/b->size > options_.prefetch_budget_bytes);
     if (b->free_requested) {
       DestroyBufferLocked(b);
       continue;
@@ -293,6 +376,10 @@ void Engine::Impl::RunPrefetch(std::unique_lock<std::mutex>& lock,
     if (!s.ok()) break;  // no room without costly reclaim: stop here
     ++counters_.num_prefetches;
     b->prefetched = true;
+    const size_t cursor =
+        InCandidateStep() ? prefetch_.candidate_cursor : prefetch_.cursor;
+    b->prefetch_distance =
+        needed_at == SIZE_MAX || needed_at < cursor ? 0 : needed_at - cursor;
     prefetch_.inflight_bytes += b->size;
   }
 }

@@ -213,6 +213,7 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
     v->state = BufferState::kPagingOut;
     ++transitions_in_flight_;
     if (v->prefetched) {  // a prefetch that came too early
+      NotePrefetchWastedLocked(v);
       prefetch_.inflight_bytes -= v->size;
       v->prefetched = false;
     }
@@ -333,6 +334,7 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
     counters_.peak_bytes_reclaimed = std::max(
         counters_.peak_bytes_reclaimed, counters_.current_bytes_reclaimed);
     *bytes += chunk_size;
+    if (options_.prefetch_enabled) NoteVictimLocked(v);
     if (v->free_requested) DestroyBufferLocked(v);
   }
   cv_.notify_all();
@@ -340,12 +342,182 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
   return status;
 }
 
+void Engine::Impl::StartEarlyPageOut(std::unique_lock<std::mutex>& lock,
+                                     Buffer* v) {
+  LruRemove(v);
+  v->state = BufferState::kPagingOut;
+  v->early_out = true;
+  // Counted while the copy is being enqueued, so that an allocation that
+  // finds nothing to reclaim meanwhile waits on cv_ for it; once enqueued,
+  // the allocation ladder settles it (SettleEarlyPageOutsLocked) instead.
+  ++transitions_in_flight_;
+  EventRef last_use;
+  uint64_t covers = 0;
+  uint64_t free_seq = 0;
+  const bool fresh =
+      !LastUseEventLocked(v->last_use_epoch, &last_use, &covers, &free_seq);
+  if (fresh) covers = CloseEpochLocked(&free_seq);
+  const EventRef ready = v->ready;
+  const char* src = v->device_ptr;
+  const size_t size = v->size;
+  lock.unlock();
+
+  Status status;
+  if (fresh) {
+    last_use =
+        device_->RecordEvent(device_->GetStream(StreamKind::kCompute), &status);
+    if (!last_use && status.ok()) status = Internal("no last-use event");
+  }
+  void* host = nullptr;
+  EventRef done;
+  Stream* d2h = device_->GetStream(StreamKind::kDeviceToHost);
+  // The host pool is not drained of settled page-in copies here: an early
+  // page-out is an optimization, and a full pool only means it is skipped.
+  if (status.ok()) host = host_pool_->Allocate(size, &status);
+  if (status.ok()) status = OrderAfterUses(d2h, last_use, ready);
+  bool copy_enqueued = false;
+  if (status.ok()) status = device_->CopyDeviceToHost(d2h, host, src, size);
+  if (status.ok()) {
+    copy_enqueued = true;
+    done = device_->RecordEvent(d2h, &status);
+  }
+
+  lock.lock();
+  --transitions_in_flight_;
+  if (fresh && last_use) PublishEpochEventLocked(covers, last_use, free_seq);
+  if (!status.ok() || !done) {
+    // Nothing was lost: the buffer never stopped being resident.
+    if (host != nullptr && !copy_enqueued) {
+      host_pool_->Free(host);
+    } else if (host != nullptr) {
+      // The copy is enqueued but cannot be tracked: its host copy stays
+      // allocated (the copy may still write it) rather than be reused too
+      // early; this needs a failing device and costs only pool bytes.
+      Status s;
+      EventRef passed = device_->RecordEvent(d2h, &s);
+      if (passed) {
+        pending_host_frees_.push_back({host, size, passed});
+        v->ready = std::move(passed);
+      }
+    }
+    v->early_out = false;
+    v->state = BufferState::kResident;
+    if (v->free_requested) {
+      DestroyBufferLocked(v);
+    } else {
+      LruPush(v);
+    }
+    cv_.notify_all();
+    return;
+  }
+  ++counters_.num_early_page_outs;
+  if (options_.prefetch_enabled) NoteVictimLocked(v);
+  early_outs_.push_back({v, host, std::move(done), covers, free_seq});
+  cv_.notify_all();
+}
+
+bool Engine::Impl::CancelEarlyPageOutLocked(Buffer* b) {
+  for (size_t i = 0; i < early_outs_.size(); ++i) {
+    if (early_outs_[i].buffer != b) continue;
+    EarlyPageOut e = std::move(early_outs_[i]);
+    early_outs_.erase(early_outs_.begin() + static_cast<ptrdiff_t>(i));
+    // The copy may still be reading the chunk: whoever writes it next (the
+    // compute stream, which waits for b->ready) comes after the copy, and
+    // the host copy is released once the copy is done.
+    pending_host_frees_.push_back({e.host, b->size, e.done});
+    b->ready = std::move(e.done);
+    b->early_out = false;
+    b->state = BufferState::kResident;
+    LruPush(b);
+    ++counters_.num_early_page_outs_cancelled;
+    return true;
+  }
+  return false;
+}
+
+void Engine::Impl::SettleEarlyPageOutsLocked(std::unique_lock<std::mutex>& lock,
+                                             size_t max) {
+  const size_t n = std::min(max, early_outs_.size());
+  if (n == 0) return;
+  std::vector<EarlyPageOut> settling(
+      std::make_move_iterator(early_outs_.begin()),
+      std::make_move_iterator(early_outs_.begin() + static_cast<ptrdiff_t>(n)));
+  early_outs_.erase(early_outs_.begin(),
+                    early_outs_.begin() + static_cast<ptrdiff_t>(n));
+  // The buffers stay kPagingOut with early_out set while mu_ is released
+  // below: a Pin or FreeBuffer that finds one not in early_outs_ waits on
+  // cv_ for the settle.
+  std::vector<Status> results(n);
+  std::vector<bool> waited(n, false);
+  bool any_wait = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (device_->EventDone(settling[i].done)) {
+      // Done on the device; the freed chunk's next user is on the compute
+      // stream, ordered after the copy (a no-op on a GPU, where done means
+      // done; the simulated device's clocks need it).
+      results[i] = device_->WaitEvent(device_->GetStream(StreamKind::kCompute),
+                                      settling[i].done);
+    } else {
+      waited[i] = any_wait = true;
+    }
+  }
+  if (any_wait) {
+    // Counted as in flight while mu_ is released, so that an allocation on
+    // another thread that finds no room waits on cv_ for these chunks.
+    transitions_in_flight_ += static_cast<int>(n);
+    lock.unlock();
+    const int64_t start = NowNs();
+    for (size_t i = 0; i < n; ++i) {
+      if (waited[i]) results[i] = device_->SynchronizeEvent(settling[i].done);
+    }
+    const int64_t blocked = NowNs() - start;
+    lock.lock();
+    transitions_in_flight_ -= static_cast<int>(n);
+    counters_.page_out_wait_ns += blocked;
+  }
+  for (size_t i = 0; i < settling.size(); ++i) {
+    EarlyPageOut& e = settling[i];
+    Buffer* v = e.buffer;
+    v->early_out = false;
+    if (!results[i].ok()) {
+      // The copy failed: the chunk still holds the bytes.
+      host_pool_->Free(e.host);
+      v->state = BufferState::kResident;
+      if (v->free_requested) {
+        DestroyBufferLocked(v);
+      } else {
+        LruPush(v);
+      }
+      continue;
+    }
+    NoteEpochCompleteLocked(e.covers, e.free_seq);
+    AddChunkBytes(v, -static_cast<int64_t>(arena_->chunk(v->chunk)->size));
+    arena_->FreeChunk(v->chunk);
+    v->device_ptr = nullptr;
+    v->chunk = BfcArena::kInvalidChunk;
+    v->host_ptr = e.host;
+    v->host_bytes = v->size;
+    v->last_use_epoch = 0;
+    v->ready.reset();
+    v->state = BufferState::kReclaimed;
+    counters_.bytes_reclaimed += static_cast<int64_t>(v->size);
+    counters_.current_bytes_reclaimed += static_cast<int64_t>(v->size);
+    counters_.peak_bytes_reclaimed = std::max(
+        counters_.peak_bytes_reclaimed, counters_.current_bytes_reclaimed);
+    if (v->free_requested) DestroyBufferLocked(v);
+  }
+  if (!settling.empty()) cv_.notify_all();
+}
+
 Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
-                            bool for_prefetch, size_t protect_until) {
+                            bool for_prefetch, size_t protect_until,
+                            bool no_reclaim) {
   b->state = BufferState::kPagingIn;
   Status status;
   const AllocSource max_source =
-      for_prefetch ? AllocSource::kSingleReclaim : AllocSource::kFullReclaim;
+      no_reclaim     ? AllocSource::kNewRegion
+      : for_prefetch ? AllocSource::kSingleReclaim
+                     : AllocSource::kFullReclaim;
   BfcArena::ChunkHandle h = BfcArena::kInvalidChunk;
   if (fixed_) {
     // Same address: map pages back behind the buffer's own virtual chunk.
@@ -441,6 +613,7 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
       ++counters_.prefetch_misses;
       continue;
     }
+    if (b->early_out && CancelEarlyPageOutLocked(b)) continue;
     if (waited_since < 0) waited_since = NowNs();
     cv_.wait(lock);
     if (b->free_requested) {
@@ -487,6 +660,7 @@ Status Engine::Impl::Unpin(Buffer* b) {
   // any event recorded once this epoch has closed.
   b->last_use_epoch = open_epoch_;
   SetActivity(b, was_active);
+  if (ShouldPageOutEarlyLocked(b)) StartEarlyPageOut(lock, b);
   if (++unpins_in_open_epoch_ < kUnpinsPerEpoch) return Status::Ok();
   // Every kUnpinsPerEpoch unpins: close the epoch and keep an event for it,
   // so that a page-out finds its victim's last use already covered by an

@@ -44,6 +44,8 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"num_prefetches", num_prefetches},
       {"prefetch_hits", prefetch_hits},
       {"prefetch_misses", prefetch_misses},
+      {"num_early_page_outs", num_early_page_outs},
+      {"num_early_page_outs_cancelled", num_early_page_outs_cancelled},
       {"page_in_stall_ns", page_in_stall_ns},
       {"page_out_wait_ns", page_out_wait_ns},
       {"num_allocs_from_free", num_allocs_from_free},

@@ -59,6 +59,11 @@ struct EngineStats {
   int64_t num_prefetches = 0;        // page-ins issued ahead of use
   int64_t prefetch_hits = 0;         // pins of a buffer a prefetch brought in
   int64_t prefetch_misses = 0;       // pins that had to page in on demand
+  // Page-outs started ahead of pressure (at a buffer's last use before the
+  // learned step needs its room), and those taken back because the buffer
+  // was pinned or freed before the copy was settled.
+  int64_t num_early_page_outs = 0;
+  int64_t num_early_page_outs_cancelled = 0;
   int64_t page_in_stall_ns = 0;      // host time pins blocked on copies
   int64_t page_out_wait_ns = 0;      // host time reclaims waited for D2H
 
