@@ -285,7 +285,8 @@ def test_installed_copy_verifies_the_newest_patch_against_the_wheel(installed: I
         borrowed.unlink()
     out = proc.stdout + proc.stderr
     assert "failing: 0" in out, out[-3000:]
-    assert "python checks: 12/12" in out, out[-3000:]
+    passed = re.search(r"python checks: (\d+)/(\d+)", out)
+    assert passed and passed[1] == passed[2] and int(passed[1]) >= 12, out[-3000:]
     assert str(installed.site) in _run(
         [str(installed.venv / "bin" / "python"), "-c", "import tflms; print(tflms.__file__)"],
         cwd=installed.work,

@@ -25,13 +25,15 @@ def _config_descriptor() -> bytes:
     return ast.literal_eval(source[start : source.index(")\n", start)])
 
 
-def test_config_proto_hunk_adds_three_free_fields_to_gpu_options_experimental() -> None:
+def test_config_proto_hunk_adds_five_free_fields_to_gpu_options_experimental() -> None:
     proto = next(f for f in collect(VERSION).files if f.path == CONFIG_PROTO)
     fields = added_fields(proto, _config_descriptor())
     assert [(f.message, f.name, f.number, f.type_name) for f in fields] == [
         ("tensorflow.GPUOptions.Experimental", "lms_enabled", 20, "TYPE_BOOL"),
         ("tensorflow.GPUOptions.Experimental", "lms_defrag_enabled", 21, "TYPE_BOOL"),
         ("tensorflow.GPUOptions.Experimental", "lms_limit_bytes", 22, "TYPE_INT64"),
+        ("tensorflow.GPUOptions.Experimental", "lms_prefetch_enabled", 23, "TYPE_BOOL"),
+        ("tensorflow.GPUOptions.Experimental", "lms_prefetch_lookahead", 24, "TYPE_INT32"),
     ]
     extended = extend_descriptor(_config_descriptor(), fields)
     assert len(extended) > len(_config_descriptor())
