@@ -243,6 +243,15 @@ class Engine::Impl {
   bool ShouldPageOutEarlyLocked(const Buffer* b) const;
   // A victim paged out now (single, fragment or full reclaim, or early):
   // the next step pages it out early at its last use before this point.
+  // A page-out that did not complete (copy, sync or unmap failed): the chunk
+  // still holds the bytes, so `v` is resident again, or released if its owner
+  // freed it meanwhile; `host`, if any, goes back to the pool.
+  // REQUIRES: mu_ held.
+  void AbandonPageOutLocked(Buffer* v, void* host);
+  // A page-out whose copy is proven complete, its chunk already released (or,
+  // in fixed-address mode, unmapped) by the caller: the bytes live only at
+  // `host` from now on. REQUIRES: mu_ held.
+  void CompletePageOutLocked(Buffer* v, void* host);
   void NoteVictimLocked(const Buffer* v);
   // A prefetched buffer is paged out again before its pin: the memory it
   // took was needed first. Its key is paged in closer to its use from now.

@@ -308,13 +308,7 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
       }
     }
     if (!copied) {
-      if (c.host != nullptr) host_pool_->Free(c.host);
-      v->state = BufferState::kResident;
-      if (v->free_requested) {
-        DestroyBufferLocked(v);
-      } else {
-        LruPush(v);
-      }
+      AbandonPageOutLocked(v, c.host);
       continue;
     }
     const size_t chunk_size = arena_->chunk(v->chunk)->size;
@@ -323,16 +317,7 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
       arena_->FreeChunk(v->chunk);
       v->device_ptr = nullptr;
     }  // else v keeps its virtual chunk (vchunk) and address
-    v->chunk = BfcArena::kInvalidChunk;
-    v->host_ptr = c.host;
-    v->host_bytes = v->size;
-    v->last_use_epoch = 0;
-    v->ready.reset();
-    v->state = BufferState::kReclaimed;
-    counters_.bytes_reclaimed += static_cast<int64_t>(v->size);
-    counters_.current_bytes_reclaimed += static_cast<int64_t>(v->size);
-    counters_.peak_bytes_reclaimed = std::max(
-        counters_.peak_bytes_reclaimed, counters_.current_bytes_reclaimed);
+    CompletePageOutLocked(v, c.host);
     *bytes += chunk_size;
     if (options_.prefetch_enabled) NoteVictimLocked(v);
     if (v->free_requested) DestroyBufferLocked(v);
@@ -481,29 +466,14 @@ void Engine::Impl::SettleEarlyPageOutsLocked(std::unique_lock<std::mutex>& lock,
     v->early_out = false;
     if (!results[i].ok()) {
       // The copy failed: the chunk still holds the bytes.
-      host_pool_->Free(e.host);
-      v->state = BufferState::kResident;
-      if (v->free_requested) {
-        DestroyBufferLocked(v);
-      } else {
-        LruPush(v);
-      }
+      AbandonPageOutLocked(v, e.host);
       continue;
     }
     NoteEpochCompleteLocked(e.covers, e.free_seq);
     AddChunkBytes(v, -static_cast<int64_t>(arena_->chunk(v->chunk)->size));
     arena_->FreeChunk(v->chunk);
     v->device_ptr = nullptr;
-    v->chunk = BfcArena::kInvalidChunk;
-    v->host_ptr = e.host;
-    v->host_bytes = v->size;
-    v->last_use_epoch = 0;
-    v->ready.reset();
-    v->state = BufferState::kReclaimed;
-    counters_.bytes_reclaimed += static_cast<int64_t>(v->size);
-    counters_.current_bytes_reclaimed += static_cast<int64_t>(v->size);
-    counters_.peak_bytes_reclaimed = std::max(
-        counters_.peak_bytes_reclaimed, counters_.current_bytes_reclaimed);
+    CompletePageOutLocked(v, e.host);
     if (v->free_requested) DestroyBufferLocked(v);
   }
   if (!settling.empty()) cv_.notify_all();
@@ -644,6 +614,29 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
     return device_->WaitEvent(device_->GetStream(StreamKind::kCompute), ready);
   }
   return Status::Ok();
+}
+
+void Engine::Impl::AbandonPageOutLocked(Buffer* v, void* host) {
+  if (host != nullptr) host_pool_->Free(host);
+  v->state = BufferState::kResident;
+  if (v->free_requested) {
+    DestroyBufferLocked(v);
+  } else {
+    LruPush(v);
+  }
+}
+
+void Engine::Impl::CompletePageOutLocked(Buffer* v, void* host) {
+  v->chunk = BfcArena::kInvalidChunk;
+  v->host_ptr = host;
+  v->host_bytes = v->size;
+  v->last_use_epoch = 0;
+  v->ready.reset();
+  v->state = BufferState::kReclaimed;
+  counters_.bytes_reclaimed += static_cast<int64_t>(v->size);
+  counters_.current_bytes_reclaimed += static_cast<int64_t>(v->size);
+  counters_.peak_bytes_reclaimed = std::max(
+      counters_.peak_bytes_reclaimed, counters_.current_bytes_reclaimed);
 }
 
 Status Engine::Impl::Unpin(Buffer* b) {
