@@ -136,6 +136,33 @@ def _throughputs(trace: Any, m: Machine, without: int, with_lms: int, steps: int
     return out
 
 
+def _no_fit(g: dict[str, Any], machines: dict[str, Any]) -> str:
+    m = machines.get(g["machine"], {})
+    room = m.get("memory_bytes", 0) + m.get("host_memory_bytes", 0)
+    return "does not fit (host side)" if g["peak_without_lms_bytes"] > room else "does not fit"
+
+
+def _goal_summary(goal: list[dict[str, Any]]) -> str:
+    """One sentence per machine: the largest goal batch that trains on demand, and its cost."""
+    parts = []
+    for machine in dict.fromkeys(g["machine"] for g in goal):
+        fitting = [
+            (g["batch_size"], g["lms"].get("LMS + on-demand", {}))
+            for g in goal
+            if g["machine"] == machine and g["lms"].get("LMS + on-demand", {}).get("fits")
+        ]
+        if not fitting:
+            parts.append(f"on {machine} it does not train")
+            continue
+        first_batch, first = fitting[0]
+        top = max(b for b, _ in fitting)
+        parts.append(
+            f"on {machine} it trains at batch {first_batch} in {secs(first['step_time_s'])} a "
+            f"step ({pct(first['overhead'])} against unlimited memory), up to batch {top} here"
+        )
+    return "With LMS (on demand, the patch's default), " + "; ".join(parts) + "."
+
+
 def study_goal(machines: list[Machine], *, steps: int) -> list[dict[str, Any]]:
     """GPT-2 1.5B, Adam, fp32 on 16 GiB: step time with LMS against unlimited memory."""
     base = _trace(GOAL)
@@ -290,7 +317,8 @@ def transformers_markdown(res: dict[str, Any]) -> str:
         "Predicted by the planner (`tflms transformers`, or `make transformers`), which replays "
         "each model's traced training step through the LMS engine as the patch runs it: "
         "variables and Adam slots move between uses, on-demand paging unless a row says prefetch "
-        "(opt-in in TensorFlow: `TF_LMS_PREFETCH=1`). The models are keras-hub backbones built "
+        "(opt-in in TensorFlow: `tf.config.experimental.set_lms_prefetch_enabled(True)`). The "
+        "models are keras-hub backbones built "
         "from their published configurations with random weights (nothing is downloaded); the "
         "step is a language-model step (logits over the whole vocabulary at every position, "
         "sparse cross-entropy, Adam). How they are traced and what is assumed is at the end.",
@@ -308,6 +336,8 @@ def transformers_markdown(res: dict[str, Any]) -> str:
             "Weights 6.2 GB, Adam's two slots 12.5 GB and the gradients 6.2 GB: about 25 GB "
             "before the first activation, where the GPU has 17.2 GB (16 GiB).",
             "",
+            _goal_summary(goal),
+            "",
         ]
         rows = []
         for g in goal:
@@ -320,8 +350,9 @@ def transformers_markdown(res: dict[str, Any]) -> str:
                         "yes" if g["fits_without_lms"] else "no",
                         secs(g["unlimited_s"]),
                         label,
-                        secs(v["step_time_s"]) if v["fits"] else "does not fit",
+                        secs(v["step_time_s"]) if v["fits"] else _no_fit(g, res["machines"]),
                         pct(v["overhead"]) if v["fits"] else "-",
+                        secs(v["ideal_s"]) if v["fits"] and v.get("ideal_s") else "-",
                         format_bytes(v["swapped_out_bytes"] or 0) if v["fits"] else "-",
                     ]
                 )
@@ -336,6 +367,7 @@ def transformers_markdown(res: dict[str, Any]) -> str:
                     "LMS mode",
                     "step with LMS",
                     "cost",
+                    "Ideal schedule",
                     "swapped out per step",
                 ],
                 rows,
@@ -346,7 +378,11 @@ def transformers_markdown(res: dict[str, Any]) -> str:
             "",
             '"Memory unlimited" is the same GPU with as much memory as the step needs: the '
             "yardstick no 16 GiB GPU reaches. It trains; the price is the link: on PCIe 3 every "
-            "step moves the weights, slots and most activations out and back.",
+            "step moves the weights, slots and most activations out and back. *Ideal schedule*: "
+            "an offline schedule on the same machine (Belady evictions, copies as early as memory "
+            "allows; docs/planner.md, Yardsticks), what a better LMS policy could reach. *Does "
+            "not fit (host side)*: the step keeps more bytes live than the GPU and the pinned host "
+            "side hold together.",
             "",
         ]
     for title, key, sequence in (
@@ -357,6 +393,15 @@ def transformers_markdown(res: dict[str, Any]) -> str:
         if not rows_all:
             continue
         lines += [f"## {title}", ""]
+        if not sequence:
+            lines += [
+                "Where a model fits without LMS, LMS trains a larger batch but not a faster one: "
+                "at its largest batch each sample costs more than at the largest batch without "
+                "LMS, most on PCIe 3. LMS is for the batch, sequence or model that does not fit "
+                "otherwise; where a model does not fit at all, it is what makes it train. "
+                "*(host)*: the pinned host side, not the GPU, stops the batch (docs/planner.md).",
+                "",
+            ]
         pairings = list(res["machines"]) if not sequence else list(res["machines"])[:1]
         for pairing in pairings:
             rows = _scaling_rows(rows_all, pairing, sequence)
