@@ -438,6 +438,8 @@ def transformers_markdown(res: dict[str, Any]) -> str:
         "lighter than this one.",
         "- Dropout is GPT-2's and BERT's default (0.1): its masks are in the trace. Llama has "
         "none.",
+        "- GPT-2's learned position table has 1024 rows; at 2048 and 4096 tokens it is grown "
+        "(random weights), as a longer-context fine-tune would do.",
         "- XLA is off: with LMS on, Keras `fit` must be compiled without XLA (docs/enabling.md).",
         "",
         f"Regenerated in {res.get('seconds', 0) / 60:.0f} min.",
