@@ -7,15 +7,18 @@ import tflms
 MiB = 1 << 20
 
 
-def modelled_engine(prefetch: bool) -> tflms.Engine:
-    """64 MiB of modelled device on a 24 GB/s link, 8-pin lookahead, 32 MiB budget."""
+def modelled_engine(
+    prefetch: bool, *, store_data: bool = False, budget: int = 32 * MiB
+) -> tflms.Engine:
+    """64 MiB of modelled device on a 24 GB/s link, 8-pin lookahead, a 32 MiB budget unless
+    `budget` says otherwise."""
     return tflms.Engine(
         device_memory=64 * MiB,
         host_memory=1 << 30,
         prefetch=prefetch,
-        prefetch_budget=32 * MiB,
+        prefetch_budget=budget,
         prefetch_lookahead=8,
-        store_data=False,
+        store_data=store_data,
         link_gbps=24.0,
     )
 
@@ -192,15 +195,7 @@ def test_step_ids_without_enough_pins_do_not_end_a_step() -> None:
 def run_long_forward(store_data: bool, steps: int = 3) -> tuple[tflms.Engine, dict[str, float]]:
     """A step whose forward is long: the first activations' next use lies far beyond the
     8-pin look-ahead, so the previous step's victims can be paged out at their last use."""
-    eng = tflms.Engine(
-        device_memory=64 * MiB,
-        host_memory=1 << 30,
-        prefetch=True,
-        prefetch_budget=32 * MiB,
-        prefetch_lookahead=8,
-        store_data=store_data,
-        link_gbps=24.0,
-    )
+    eng = modelled_engine(True, store_data=store_data)
     act = 4 * MiB
     per_op = act / 24e9 * 1.5
     delta: dict[str, float] = {}
@@ -249,15 +244,7 @@ def test_early_page_outs_keep_every_byte() -> None:
 def test_a_tensor_larger_than_the_budget_is_prefetched_into_free_memory() -> None:
     """A 24 MiB tensor, above the 8 MiB budget, is paged out under pressure and read after
     the pressure is gone: prefetch brings it back into the free hole before its use."""
-    eng = tflms.Engine(
-        device_memory=64 * MiB,
-        host_memory=1 << 30,
-        prefetch=True,
-        prefetch_budget=8 * MiB,
-        prefetch_lookahead=8,
-        store_data=False,
-        link_gbps=24.0,
-    )
+    eng = modelled_engine(True, budget=8 * MiB)
     big_bytes = 24 * MiB
     for _ in range(3):
         eng.step_begin()
