@@ -78,6 +78,17 @@ bool GarbageCollection() {
   return enabled;
 }
 
+// LMS's GPUOptions.Experimental fields are read through reflection, by name:
+// this file is also compiled against the released config.pb.h, which has no
+// accessors for them. Null when the field is absent or not of `type`.
+const google::protobuf::FieldDescriptor* LmsField(
+    const GPUOptions::Experimental& experimental, const char* name,
+    google::protobuf::FieldDescriptor::CppType type) {
+  const google::protobuf::FieldDescriptor* field =
+      experimental.GetDescriptor()->FindFieldByName(name);
+  return field != nullptr && field->cpp_type() == type ? field : nullptr;
+}
+
 // GPUOptions.experimental.lms_prefetch_enabled (default false): page in the
 // next tensors of the learnt step order ahead of use. The engine learns steps
 // from the step ids the pin sites pass. Off by default: under real TensorFlow
@@ -85,16 +96,13 @@ bool GarbageCollection() {
 // page in less than on demand (docs/how-it-works.md, Prefetch, has the
 // measurement). The environment variable TF_LMS_PREFETCH, when set, overrides
 // the option either way (as TF_FORCE_GPU_ALLOW_GROWTH overrides allow_growth),
-// so an experiment can switch prefetch without touching the program. Read
-// through reflection, by name, as lms_limit_bytes is: this file is also
-// compiled against the released config.pb.h, which has no accessor for it.
+// so an experiment can switch prefetch without touching the program.
 bool PrefetchEnabled(const GPUOptions& options, int id) {
   bool from_options = false;
   const GPUOptions::Experimental& experimental = options.experimental();
-  const google::protobuf::FieldDescriptor* field =
-      experimental.GetDescriptor()->FindFieldByName("lms_prefetch_enabled");
-  if (field != nullptr &&
-      field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_BOOL) {
+  if (const auto* field =
+          LmsField(experimental, "lms_prefetch_enabled",
+                   google::protobuf::FieldDescriptor::CPPTYPE_BOOL)) {
     from_options = experimental.GetReflection()->GetBool(experimental, field);
   }
   const char* env = std::getenv("TF_LMS_PREFETCH");
@@ -123,12 +131,10 @@ bool PrefetchEnabled(const GPUOptions& options, int id) {
 // values keep the default too, with an error logged.
 int PrefetchLookahead(const GPUOptions& options, int id, int engine_default) {
   const GPUOptions::Experimental& experimental = options.experimental();
-  const google::protobuf::FieldDescriptor* field =
-      experimental.GetDescriptor()->FindFieldByName("lms_prefetch_lookahead");
-  if (field == nullptr ||
-      field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_INT32) {
-    return engine_default;
-  }
+  const auto* field =
+      LmsField(experimental, "lms_prefetch_lookahead",
+               google::protobuf::FieldDescriptor::CPPTYPE_INT32);
+  if (field == nullptr) return engine_default;
   const int32_t lookahead =
       experimental.GetReflection()->GetInt32(experimental, field);
   if (lookahead < 0) {
@@ -147,16 +153,11 @@ int PrefetchLookahead(const GPUOptions& options, int id, int engine_default) {
 // Values the engine would refuse fall back to 0 with an error logged, so that
 // a bad config leaves LMS working rather than the GPU without an allocator.
 size_t LmsLimit(const GPUOptions& options, size_t total_bytes, int id) {
-  // Read through reflection, by name, like the other new fields are passed in
-  // by the caller rather than read here: this file is also compiled against
-  // the released config.pb.h, which has no accessor for the field.
   const GPUOptions::Experimental& experimental = options.experimental();
-  const google::protobuf::FieldDescriptor* field =
-      experimental.GetDescriptor()->FindFieldByName("lms_limit_bytes");
-  if (field == nullptr ||
-      field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_INT64) {
-    return 0;
-  }
+  const auto* field =
+      LmsField(experimental, "lms_limit_bytes",
+               google::protobuf::FieldDescriptor::CPPTYPE_INT64);
+  if (field == nullptr) return 0;
   const int64_t limit =
       experimental.GetReflection()->GetInt64(experimental, field);
   if (limit < 0 || (limit > 0 && limit < kMinLmsLimit)) {
