@@ -32,6 +32,11 @@ class Engine:
     2 MiB like CUDA by default). Eviction unmaps a buffer's unshared pages, so
     touching it faults; page-in maps pages back at the same address. ``defrag`` is
     ignored in this mode: nothing may move and no physical fragmentation exists.
+
+    ``launch_queue_depth`` (modelled time) bounds how far the host runs ahead of the
+    GPU: a kernel or device copy enqueued while that many compute-stream operations
+    are unfinished blocks the host until the oldest finishes, as CUDA's launch queue
+    does. 0 (the default) leaves the host unbounded.
     """
 
     def __init__(
@@ -57,6 +62,7 @@ class Engine:
         virtual_address_bytes: int = 0,
         map_us_per_page: float = 0.0,
         unmap_us_per_page: float = 0.0,
+        launch_queue_depth: int = 0,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -103,6 +109,7 @@ class Engine:
             virtual_address_bytes=virtual_address_bytes,
             map_us_per_page=map_us_per_page,
             unmap_us_per_page=unmap_us_per_page,
+            launch_queue_depth=launch_queue_depth,
         )
         self.device_memory = device_memory
         self.host_memory = host_memory

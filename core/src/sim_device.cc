@@ -374,6 +374,9 @@ Status SimDevice::EnqueueCopy(Stream* stream, void* dst, const void* src,
   const int k = Index(s->kind());
   {
     std::lock_guard<std::mutex> lock(clock_mu_);
+    // A device-to-device copy is a kernel on the compute stream: it takes a
+    // slot in the launch queue like one.
+    if (k == 0) WaitForLaunchSlotLocked();
     double* vt = k == 0 ? &clock_.compute_time
                         : (k == 1 ? &clock_.d2h_time : &clock_.h2d_time);
     const double start = std::max(*vt, clock_.host_time);
@@ -381,6 +384,7 @@ Status SimDevice::EnqueueCopy(Stream* stream, void* dst, const void* src,
         options_.link_latency_seconds +
         static_cast<double>(bytes) / bytes_per_second;
     *vt = start + duration;
+    if (k == 0 && options_.launch_queue_depth > 0) launched_.push_back(*vt);
     if (k == 1) {
       clock_.d2h_busy += duration;
       clock_.d2h_bytes += static_cast<int64_t>(bytes);
@@ -478,12 +482,22 @@ Status SimDevice::SynchronizeEvent(const EventRef& event) {
   auto e = std::static_pointer_cast<SimEvent>(event);
   Status s = e->Wait();
   std::lock_guard<std::mutex> lock(clock_mu_);
-  clock_.host_time = std::max(clock_.host_time, e->vt);
+  if (e->vt > clock_.host_time) {
+    clock_.host_sync_wait += e->vt - clock_.host_time;
+    clock_.host_time = e->vt;
+  }
   return s;
 }
 
 bool SimDevice::EventDone(const EventRef& event) {
-  return std::static_pointer_cast<SimEvent>(event)->done();
+  auto e = std::static_pointer_cast<SimEvent>(event);
+  if (!e->done()) return false;
+  // Inline streams finish their work at once; a GPU has finished it only
+  // when the host's clock has reached the event's modelled completion. A
+  // poll that said yes earlier would let the engine skip a wait the real
+  // host makes (settling an early page-out, freeing a host copy).
+  std::lock_guard<std::mutex> lock(clock_mu_);
+  return e->vt <= clock_.host_time;
 }
 
 Status SimDevice::ReadDeviceSync(void* host_dst, const void* device_src,
@@ -526,11 +540,30 @@ void SimDevice::DelayCopies(StreamKind kind, int microseconds) {
   copy_delay_us_[Index(kind)] = microseconds;
 }
 
+void SimDevice::WaitForLaunchSlotLocked() {
+  const size_t depth = static_cast<size_t>(options_.launch_queue_depth);
+  if (depth == 0) return;
+  while (!launched_.empty() && launched_.front() <= clock_.host_time) {
+    launched_.pop_front();
+  }
+  if (launched_.size() < depth) return;
+  // Full: the launch returns once the oldest operations have finished and
+  // one slot is free. Completion times on one stream never decrease.
+  const double free_at = launched_[launched_.size() - depth];
+  clock_.host_launch_wait += free_at - clock_.host_time;
+  clock_.host_time = free_at;
+  while (!launched_.empty() && launched_.front() <= clock_.host_time) {
+    launched_.pop_front();
+  }
+}
+
 void SimDevice::Compute(double seconds) {
   std::lock_guard<std::mutex> lock(clock_mu_);
+  WaitForLaunchSlotLocked();
   clock_.compute_time =
       std::max(clock_.compute_time, clock_.host_time) + seconds;
   clock_.compute_busy += seconds;
+  if (options_.launch_queue_depth > 0) launched_.push_back(clock_.compute_time);
 }
 
 void SimDevice::HostAdvance(double seconds) {

@@ -15,6 +15,15 @@
 //     clock. Without store_data no bytes exist (addresses are synthetic and
 //     never dereferenced) and streams run inline, so 80 GiB GPUs can be
 //     modelled on a laptop with the same engine code.
+//     The host thread is modelled as CUDA runs it: it blocks exactly where a
+//     real host blocks. SynchronizeEvent waits for the event's modelled
+//     completion; EventDone answers by the modelled clock too (an event is
+//     done only once the host's clock has reached it, however the inline
+//     streams ran), so the engine takes the same branch it would on a GPU;
+//     and with launch_queue_depth set, a kernel enqueued on the compute
+//     stream while that many are still unfinished blocks the host until the
+//     oldest finishes (CUDA's per-stream launch queue): the host runs ahead
+//     of the GPU by a bounded amount of work, not by a whole step.
 // Fault injection makes copies, device allocations or host allocations fail
 // on demand, to prove that the engine loses nothing when they do.
 //
@@ -63,6 +72,10 @@ struct SimOptions {
   // 0 = free; the planner states what it assumes until a GPU measures it.
   double map_seconds_per_page = 0;
   double unmap_seconds_per_page = 0;
+  // Kernels and copies the compute stream may hold unfinished before the
+  // next one enqueued blocks the host until the oldest completes (CUDA's
+  // launch queue; no documented size, about 1000 measured). 0 = unlimited.
+  int launch_queue_depth = 0;
 };
 
 struct SimTimeline {
@@ -74,6 +87,8 @@ struct SimTimeline {
   double h2d_busy = 0;
   double compute_busy = 0;
   double compute_stall = 0;  // compute stream waiting for page-ins
+  double host_sync_wait = 0;    // host blocked in SynchronizeEvent
+  double host_launch_wait = 0;  // host blocked on a full launch queue
   int64_t d2h_bytes = 0;
   int64_t h2d_bytes = 0;
   int64_t d2d_bytes = 0;
@@ -181,8 +196,17 @@ class SimDevice : public Device {
   std::atomic<int> fail_maps_{0};
   std::atomic<int> fail_unmaps_{0};
 
+  // Makes room in the launch queue for one more compute-stream operation:
+  // the host waits for the oldest unfinished one if the queue is full.
+  // REQUIRES: clock_mu_ held.
+  void WaitForLaunchSlotLocked();
+
   mutable std::mutex clock_mu_;
   SimTimeline clock_;  // guarded by clock_mu_
+  // Modelled completion times of the compute-stream operations enqueued and
+  // not known finished at the host's clock, oldest first; guarded by
+  // clock_mu_. Only kept with a launch_queue_depth.
+  std::deque<double> launched_;
 };
 
 }  // namespace tflms

@@ -130,7 +130,7 @@ class PyEngine {
            double link_gbps, double link_latency_us, double device_gbps,
            bool verify_moves, bool fixed_addresses, int64_t page_size,
            int64_t virtual_address_bytes, double map_us_per_page,
-           double unmap_us_per_page) {
+           double unmap_us_per_page, int launch_queue_depth) {
     if (device_memory <= 0) {
       throw py::value_error("device_memory must be a positive byte count");
     }
@@ -158,6 +158,10 @@ class PyEngine {
     }
     sim.map_seconds_per_page = map_us_per_page * 1e-6;
     sim.unmap_seconds_per_page = unmap_us_per_page * 1e-6;
+    if (launch_queue_depth < 0) {
+      throw py::value_error("launch_queue_depth must be >= 0 (0: unlimited)");
+    }
+    sim.launch_queue_depth = launch_queue_depth;
     EngineOptions opt;
     opt.name = "sim:0";
     opt.memory_limit = static_cast<size_t>(device_memory);
@@ -297,6 +301,8 @@ class PyEngine {
     d["h2d_busy"] = t.h2d_busy;
     d["compute_busy"] = t.compute_busy;
     d["compute_stall"] = t.compute_stall;
+    d["host_sync_wait"] = t.host_sync_wait;
+    d["host_launch_wait"] = t.host_launch_wait;
     d["d2h_bytes"] = t.d2h_bytes;
     d["h2d_bytes"] = t.h2d_bytes;
     d["d2d_bytes"] = t.d2d_bytes;
@@ -343,7 +349,7 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<int64_t, int64_t, bool, bool, bool, int64_t, int, bool,
                     int64_t, bool, double, double, double, bool, bool, int64_t,
-                    int64_t, double, double>(),
+                    int64_t, double, double, int>(),
            py::arg("device_memory"), py::arg("host_memory"), py::arg("lms"),
            py::arg("defrag"), py::arg("prefetch"), py::arg("prefetch_budget"),
            py::arg("prefetch_lookahead"), py::arg("allow_growth"),
@@ -353,7 +359,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("page_size") = int64_t{2} << 20,
            py::arg("virtual_address_bytes") = 0,
            py::arg("map_us_per_page") = 0.0,
-           py::arg("unmap_us_per_page") = 0.0)
+           py::arg("unmap_us_per_page") = 0.0,
+           py::arg("launch_queue_depth") = 0)
       .def("allocate", &PyEngine::Allocate, py::arg("nbytes"),
            py::arg("pinned") = false)
       .def("free", &PyEngine::Free)

@@ -22,7 +22,24 @@ workspaces, XLA) are not in traces and so not replayed (docs/planner.md).
 
 Timing comes from the engine's sim backend: every page-out, page-in and
 defragmentation move is a copy on a modelled stream, so stalls are the
-engine's own. Steps after the first are measured. Prefetch is off by default,
+engine's own. Steps after the first are measured.
+
+The host thread is modelled as TensorFlow runs it on a GPU. One thread runs the
+step's kernels in executor order (a GPU kernel is "inexpensive", so the executor
+runs it inline, and its outputs are ready for the next op as soon as it is
+enqueued: nothing waits for the GPU). Each op costs the host the GPU model's
+launch time (launch_overhead_us), then its kernel is enqueued on the compute
+stream. TensorFlow itself puts no bound on how far the host runs ahead (its
+GPUKernelTracker, which would, is off unless GPUOptions.Experimental
+kernel_tracker_max_interval / _bytes / _pending or timestamped_allocator are set;
+all default to 0 / false); CUDA's launch queue does: LAUNCH_QUEUE_DEPTH kernels
+unfinished on one stream, and the next launch blocks the host until the oldest
+ends. The host also blocks wherever the engine does on a GPU (the sim device
+answers SynchronizeEvent and EventDone by the modelled clock): a page-out under
+pressure waits for its copy, a defragmentation for its moves, the settling of an
+early page-out for its copy if it has not landed. A pin that pages in does not
+block the host (the compute stream waits for the copy's event), unless making
+room for it does. Prefetch is off by default,
 as inside the patched TensorFlow (which does not mark steps); when it is asked
 for, it learns the pin order during the first step.
 """
@@ -307,6 +324,14 @@ def swap_bound_s(plan: StepPlan, device_memory: int, link_gbps: float) -> float:
     return bound
 
 
+# Kernels one CUDA stream holds unfinished before a launch blocks the calling host thread.
+# CUDA documents no figure; about 1000 was measured (a 190 us kernel launched 10,000 times:
+# the first ~1000 launches take 4-5 us each, later ones wait for a kernel to finish; NVIDIA
+# developer forum "CUDA stream are blocked when launch lots of kernels (>1000)", 2018, and
+# Stack Overflow question 53970187). Counted here per op, one launch each: an op that
+# launches several kernels fills it sooner, so the real run-ahead is at most this.
+LAUNCH_QUEUE_DEPTH = 1000
+
 # Inside the patched TensorFlow prefetch is opt-in (TF_LMS_PREFETCH=1) and its steps are
 # not yet recognised reliably (docs/how-it-works.md, Prefetch); the replay marks steps
 # exactly, so a prefetch figure is what prefetch gives at best: every one is labelled.
@@ -337,6 +362,9 @@ class EngineConfig:
     page_size: int = 2 << 20
     map_us_per_page: float = 0.0
     unmap_us_per_page: float = 0.0
+    # How far the host may run ahead of the GPU, in compute-stream operations (0: no
+    # bound, the planner's model before the host thread was modelled).
+    launch_queue_depth: int = LAUNCH_QUEUE_DEPTH
 
     @property
     def patch_default(self) -> bool:
@@ -374,6 +402,8 @@ class ReplayResult:
     step_time_s: float = 0.0  # host time of the measured step, streams drained
     compute_time_s: float = 0.0  # sum of modelled kernel times
     compute_stall_s: float = 0.0  # compute stream waiting for page-ins
+    host_sync_wait_s: float = 0.0  # host thread blocked on events (page-outs, moves, ...)
+    host_launch_wait_s: float = 0.0  # host thread blocked on a full launch queue
     d2h_bytes: int = 0  # bytes swapped out in the measured step
     h2d_bytes: int = 0  # bytes swapped in in the measured step
     d2h_busy_s: float = 0.0
@@ -404,6 +434,8 @@ class ReplayResult:
             step_time_s=self.step_time_s,
             compute_time_s=self.compute_time_s,
             compute_stall_s=self.compute_stall_s,
+            host_sync_wait_s=self.host_sync_wait_s,
+            host_launch_wait_s=self.host_launch_wait_s,
             d2h_bytes=self.d2h_bytes,
             h2d_bytes=self.h2d_bytes,
             d2h_busy_s=self.d2h_busy_s,
@@ -458,6 +490,7 @@ def make_engine(config: EngineConfig, gpu: GpuModel) -> Any:
         else 0,
         map_us_per_page=config.map_us_per_page,
         unmap_us_per_page=config.unmap_us_per_page,
+        launch_queue_depth=config.launch_queue_depth,
     )
 
 
@@ -573,6 +606,8 @@ def _replay(
                     eng.free(bufs.pop(tid))
                 if on_op is not None:
                     on_op()
+        # The host's own waits, before the end-of-step drain every step has.
+        ran = eng.timeline()
         eng.synchronize()
     except tflms.OutOfMemoryError as exc:
         result.fits = False
@@ -585,6 +620,8 @@ def _replay(
     result.step_time_s = after["host_time"] - before["host_time"]
     result.compute_time_s = plan.compute_s
     result.compute_stall_s = after["compute_stall"] - before["compute_stall"]
+    result.host_sync_wait_s = ran["host_sync_wait"] - before["host_sync_wait"]
+    result.host_launch_wait_s = ran["host_launch_wait"] - before["host_launch_wait"]
     result.d2h_bytes = int(after["d2h_bytes"] - before["d2h_bytes"])
     result.h2d_bytes = int(after["h2d_bytes"] - before["h2d_bytes"])
     result.d2h_busy_s = after["d2h_busy"] - before["d2h_busy"]

@@ -216,6 +216,7 @@ def machine_yardsticks(plan: StepPlan, machine: Machine, steps: int) -> Yardstic
         machine.gpu.launch_overhead_us * 1e-6,
         cfg.link_latency_us * 1e-6,
         steps=steps,
+        launch_queue_depth=cfg.launch_queue_depth,
     )
 
 

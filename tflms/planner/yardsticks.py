@@ -15,7 +15,13 @@ schedule needs.
 The model both yardsticks share (and the engine obeys, more strictly):
 
 - ops run one after another on the compute stream; op i starts no earlier than the host has
-  launched it, (i + 1) launch times after the step began (the engine's host_advance);
+  launched it. The host is the replay's (replay.py): it spends one launch time per op
+  (the engine's host_advance), and with a launch queue of depth D it cannot launch op i
+  before op i - D has ended (CUDA's launch queue; the engine's replay counts the same
+  queue). Neither yardstick blocks the host anywhere else: the Ideal is a schedule ordered
+  by stream events, so nothing in it needs the host to wait for a copy, which is the
+  engine's cost to pay (a page-out under pressure waits for its copy on the host). LB2
+  ignores the queue (it only ever delays ops), so it stays a lower bound;
 - memory is counted per op, in BFC-rounded bytes, as live_profile counts it: while op q runs,
   the tensors live at q are either on the device or on the host, and the device holds at most
   M bytes of them; a tensor an op pins (reads, writes, or a sliced root) is on the device;
@@ -430,6 +436,7 @@ def ideal(
     launch_s: float = 0.0,
     latency_s: float = 0.0,
     steps: int = 2,
+    launch_queue_depth: int = 0,
 ) -> IdealResult:
     """An achievable offline schedule of `steps` steps; the last is measured, as the replay does.
 
@@ -445,6 +452,11 @@ def ideal(
     (the previous op ended, that op's evictions done), and the op that pins it waits for it.
     Each link serves ready copies earliest deadline first. The step is drained at its start
     and end, like the replay's measured step.
+
+    The host runs under the replay's host model: op i is launched `launch_s` after op i - 1
+    was, and, with `launch_queue_depth` D > 0, not before op i - D has ended; the engine's
+    replay uses the same launch time and queue (replay.LAUNCH_QUEUE_DEPTH), so the two are
+    compared under one host. The schedule itself never blocks the host on a copy.
     """
     b = plan_buffers(plan)
     n = b.ops
@@ -454,11 +466,16 @@ def ideal(
     if not mp.run():
         return IdealResult(fits=False, oom_op=mp.oom_op % n)
     mp.place_copy_ins()
-    return _timeline(plan, mp, link_gbps * 1e9, launch_s, latency_s)
+    return _timeline(plan, mp, link_gbps * 1e9, launch_s, latency_s, launch_queue_depth)
 
 
 def _timeline(
-    plan: StepPlan, mp: _MemoryPlan, bytes_per_s: float, launch_s: float, latency_s: float
+    plan: StepPlan,
+    mp: _MemoryPlan,
+    bytes_per_s: float,
+    launch_s: float,
+    latency_s: float,
+    depth: int = 0,
 ) -> IdealResult:
     n, steps = mp.n, mp.steps
     total = n * steps
@@ -478,25 +495,32 @@ def _timeline(
         needed_at[c.need].append(j)
     d2h = _Link(bytes_per_s, latency_s)
     h2d = _Link(bytes_per_s, latency_s)
-    t0 = end = stall = 0.0
+    t0 = end = stall = launched = 0.0
     d2h_before = h2d_before = 0
+    ends: list[float] = []  # this step's op ends, for the launch queue
     for p in range(total):
         i = p % n
         if i == 0:
             # The replay synchronises before the measured step: it starts drained.
-            t0 = end = max(end, d2h.drain(), h2d.drain())
+            t0 = end = launched = max(end, d2h.drain(), h2d.drain())
             d2h_before, h2d_before, stall = d2h.busy_bytes, h2d.busy_bytes, 0.0
+            ends = []
             for j in outs_at_start[p // n]:
                 ev = mp.evictions[j]
                 d2h.release(j, t0, ev.at, ev.nbytes)
+        # The host launches op i one launch time after op i - 1, once the queue has room.
+        launched += launch_s
+        if depth > 0 and i >= depth:
+            launched = max(launched, ends[i - depth])
         ready = max(end, d2h.finish(victims_at[p]))
         for j in issued_at[p]:
             c = mp.copy_ins[j]
             h2d.release(j, ready, c.need, c.nbytes)
         arrived = h2d.finish(needed_at[p])
-        start = max(ready, t0 + (i + 1) * launch_s, arrived)
-        stall += start - max(end, t0 + (i + 1) * launch_s)
+        start = max(ready, launched, arrived)
+        stall += start - max(end, launched)
         end = start + plan.kernel_s[i]
+        ends.append(end)
         for j in outs_after[p]:
             ev = mp.evictions[j]
             d2h.release(j, end, ev.at, ev.nbytes)
@@ -532,10 +556,19 @@ def yardsticks(
     launch_s: float,
     latency_s: float,
     steps: int = 2,
+    launch_queue_depth: int = 0,
 ) -> Yardsticks:
     return Yardsticks(
         lb2_s=lb2_s(plan, device_memory, link_gbps, launch_s),
-        ideal=ideal(plan, device_memory, link_gbps, launch_s, latency_s, steps=steps),
+        ideal=ideal(
+            plan,
+            device_memory,
+            link_gbps,
+            launch_s,
+            latency_s,
+            steps=steps,
+            launch_queue_depth=launch_queue_depth,
+        ),
     )
 
 
