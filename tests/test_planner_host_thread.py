@@ -11,13 +11,17 @@ the modelled clock rather than the inline streams' instant completion.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
 import tflms
+from tests.test_planner import chain_trace
 from tflms.planner.gpu import GPUS
 from tflms.planner.replay import LAUNCH_QUEUE_DEPTH, EngineConfig, StepPlan, replay
 from tflms.planner.yardsticks import ideal
+from tflms.trace.format import save_trace
 
 MIB = 1 << 20
 
@@ -171,3 +175,20 @@ def test_ideal_launches_under_the_same_queue() -> None:
     # The queue only ever delays: with one deep enough it changes nothing.
     deep = ideal(plan, 1 << 30, 12.0, launch_s=launch, steps=1, launch_queue_depth=n)
     assert deep.step_time_s == pytest.approx(free.step_time_s)
+
+
+def test_simulate_takes_the_launch_queue_depth(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tflms.cli import main
+
+    path = save_trace(chain_trace(layers=8, batch=4), tmp_path / "chain.json")
+    argv = ["simulate", str(path), "--memory", "2MiB", "--no-compare", "--json", "--no-progress"]
+    assert main([*argv, "--launch-queue", "7"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["config"]["launch_queue_depth"] for r in out["lms"]] == [7]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["lms"][0]["config"]["launch_queue_depth"] == LAUNCH_QUEUE_DEPTH
+    assert main([*argv, "--launch-queue", "-1"]) == 2
+    assert "--launch-queue" in capsys.readouterr().err

@@ -27,6 +27,9 @@ _LINK_HELP = (
 
 
 def add_parsers(sub: Any) -> None:
+    # Light (the replay module imports the engine only when it runs).
+    from tflms.planner.replay import LAUNCH_QUEUE_DEPTH
+
     p = sub.add_parser(
         "simulate",
         help="will my model fit with LMS, and how much slower will it run? (replays a trace)",
@@ -111,6 +114,13 @@ def add_parsers(sub: Any) -> None:
     )
     eng.add_argument(
         "--prefetch-budget", help="bytes prefetch may hold ahead of use (default: memory / 8)"
+    )
+    eng.add_argument(
+        "--launch-queue",
+        type=int,
+        default=LAUNCH_QUEUE_DEPTH,
+        help=f"kernels the host may run ahead of the GPU (CUDA's launch queue, about "
+        f"{LAUNCH_QUEUE_DEPTH} measured; 0: without bound)",
     )
     out = p.add_argument_group("what to do")
     out.add_argument(
@@ -253,6 +263,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     link_name = machine.link_name
     if args.prefetch_lookahead < 0:
         return _fail("--prefetch-lookahead must be 0 or more")
+    if args.launch_queue < 0:
+        return _fail("--launch-queue must be 0 (no bound) or more")
     if args.plot:
         if not args.plot.lower().endswith(".png"):
             return _fail("--plot writes a PNG: give a file name ending in .png")
@@ -263,7 +275,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if reason:
         return _fail(reason)
     machine = dataclasses.replace(
-        machine, prefetch_lookahead=args.prefetch_lookahead, prefetch_budget=budget
+        machine,
+        prefetch_lookahead=args.prefetch_lookahead,
+        prefetch_budget=budget,
+        launch_queue_depth=args.launch_queue,
     )
     if (args.map_us is not None or args.unmap_us is not None) and not args.fixed_addresses:
         return _fail("--map-us and --unmap-us apply to --fixed-addresses only")

@@ -639,11 +639,22 @@ def unlimited_memory(plan: StepPlan) -> int:
 
 
 def replay_unlimited(
-    plan: StepPlan, gpu: GpuModel, link_gbps: float, steps: int = 2, record: bool = False
+    plan: StepPlan,
+    gpu: GpuModel,
+    link_gbps: float,
+    steps: int = 2,
+    record: bool = False,
+    launch_queue_depth: int = LAUNCH_QUEUE_DEPTH,
 ) -> ReplayResult:
     """The step on a GPU whose memory never runs out: the time LMS is measured against."""
     size = unlimited_memory(plan)
-    config = EngineConfig(device_memory=size, host_memory=1 << 30, link_gbps=link_gbps, lms=False)
+    config = EngineConfig(
+        device_memory=size,
+        host_memory=1 << 30,
+        link_gbps=link_gbps,
+        lms=False,
+        launch_queue_depth=launch_queue_depth,
+    )
     result = replay(plan, gpu, config, steps=steps, record=record)
     if not result.fits:
         raise RuntimeError(f"unlimited-memory replay ran out of memory: {result.oom_message}")

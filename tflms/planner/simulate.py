@@ -13,6 +13,7 @@ from tflms.planner.gpu import GpuModel
 from tflms.planner.host import HostSide
 from tflms.planner.machines import Pairing, get_pairing, real_pairing
 from tflms.planner.replay import (
+    LAUNCH_QUEUE_DEPTH,
     EngineConfig,
     ReplayResult,
     StepPlan,
@@ -59,7 +60,8 @@ class Machine:
     when the host side is modelled). pairing: the real machine this is (machines.py),
     None for a what-if; what_if: what was changed from a real machine, in words.
     prefetch_lookahead / prefetch_budget: the engine's prefetch knobs (0 budget: the
-    engine's default of 1/8 of the GPU memory).
+    engine's default of 1/8 of the GPU memory). launch_queue_depth: how far the host may
+    run ahead of the GPU, in kernels (replay.LAUNCH_QUEUE_DEPTH; 0: without bound).
     """
 
     gpu: GpuModel
@@ -68,6 +70,7 @@ class Machine:
     host_memory: int
     prefetch_lookahead: int = 256
     prefetch_budget: int = 0
+    launch_queue_depth: int = LAUNCH_QUEUE_DEPTH
     host_side: HostSide | None = None
     pairing: str | None = None
     what_if: tuple[str, ...] = ()
@@ -104,6 +107,7 @@ class Machine:
             defrag=defrag,
             prefetch_lookahead=self.prefetch_lookahead,
             prefetch_budget=self.prefetch_budget,
+            launch_queue_depth=self.launch_queue_depth,
             **(
                 {
                     "fixed_addresses": True,
@@ -249,7 +253,13 @@ def simulate_step(
         enabled=progress,
     )
     try:
-        unlimited = replay_unlimited(plan, machine.gpu, machine.link_gbps, steps=steps)
+        unlimited = replay_unlimited(
+            plan,
+            machine.gpu,
+            machine.link_gbps,
+            steps=steps,
+            launch_queue_depth=machine.launch_queue_depth,
+        )
         bar.update(steps * len(plan.inputs))
         no_lms = replay(plan, machine.gpu, machine.config(lms=False), steps=steps)
         bar.update(steps * len(plan.inputs))
@@ -516,7 +526,13 @@ def overhead_points(
         for batch in batches:
             t = trace if batch == trace.batch_size else trace.rescaled(batch)
             plan = build_plan(t, machine.gpu)
-            unlimited = replay_unlimited(plan, machine.gpu, machine.link_gbps, steps=steps)
+            unlimited = replay_unlimited(
+                plan,
+                machine.gpu,
+                machine.link_gbps,
+                steps=steps,
+                launch_queue_depth=machine.launch_queue_depth,
+            )
             bar.update(1)
             for m in targets:
                 ys = machine_yardsticks(plan, m, steps)
