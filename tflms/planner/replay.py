@@ -39,9 +39,10 @@ answers SynchronizeEvent and EventDone by the modelled clock): a page-out under
 pressure waits for its copy, a defragmentation for its moves, the settling of an
 early page-out for its copy if it has not landed. A pin that pages in does not
 block the host (the compute stream waits for the copy's event), unless making
-room for it does. Prefetch is off by default,
-as inside the patched TensorFlow (which does not mark steps); when it is asked
-for, it learns the pin order during the first step.
+room for it does.
+
+Prefetch is off by default, as inside the patched TensorFlow (which does not
+mark steps); when it is asked for, it learns the pin order during the first step.
 """
 
 from __future__ import annotations
