@@ -310,25 +310,29 @@ Status SimDevice::PageSpan(const char* what, const char* p, size_t bytes,
 
 Status SimDevice::MapPages(void* addr, size_t bytes) {
   char* p = static_cast<char*>(addr);
-  std::lock_guard<std::mutex> lock(vm_mu_);
-  size_t lo = 0, n = 0;
-  TFLMS_RETURN_IF_ERROR(PageSpan("map", p, bytes, &lo, &n));
-  for (size_t i = lo; i < lo + n; ++i) {
-    if (vm_mapped_[i]) return InvalidArgument("map: page already mapped");
+  size_t n = 0;
+  {
+    // The clock is advanced after vm_mu_ is released: no two locks at once.
+    std::lock_guard<std::mutex> lock(vm_mu_);
+    size_t lo = 0;
+    TFLMS_RETURN_IF_ERROR(PageSpan("map", p, bytes, &lo, &n));
+    for (size_t i = lo; i < lo + n; ++i) {
+      if (vm_mapped_[i]) return InvalidArgument("map: page already mapped");
+    }
+    if (TakeFault(&fail_maps_)) {
+      return Internal("simulated map failure (fault injection)");
+    }
+    if ((vm_mapped_pages_ + n) * vm_page_ > options_.device_memory) {
+      return ResourceExhausted("map: no physical pages left on the device");
+    }
+    if (options_.store_data &&
+        mprotect(p, bytes, PROT_READ | PROT_WRITE) != 0) {
+      return Internal("mprotect failed mapping " + std::to_string(bytes) +
+                      " bytes");
+    }
+    for (size_t i = lo; i < lo + n; ++i) vm_mapped_[i] = 1;
+    vm_mapped_pages_ += n;
   }
-  if (TakeFault(&fail_maps_)) {
-    return Internal("simulated map failure (fault injection)");
-  }
-  if ((vm_mapped_pages_ + n) * vm_page_ > options_.device_memory) {
-    return ResourceExhausted("map: no physical pages left on the device");
-  }
-  if (options_.store_data &&
-      mprotect(p, bytes, PROT_READ | PROT_WRITE) != 0) {
-    return Internal("mprotect failed mapping " + std::to_string(bytes) +
-                    " bytes");
-  }
-  for (size_t i = lo; i < lo + n; ++i) vm_mapped_[i] = 1;
-  vm_mapped_pages_ += n;
   if (options_.map_seconds_per_page > 0) {
     HostAdvance(static_cast<double>(n) * options_.map_seconds_per_page);
   }
@@ -337,26 +341,29 @@ Status SimDevice::MapPages(void* addr, size_t bytes) {
 
 Status SimDevice::UnmapPages(void* addr, size_t bytes) {
   char* p = static_cast<char*>(addr);
-  std::lock_guard<std::mutex> lock(vm_mu_);
-  size_t lo = 0, n = 0;
-  TFLMS_RETURN_IF_ERROR(PageSpan("unmap", p, bytes, &lo, &n));
-  for (size_t i = lo; i < lo + n; ++i) {
-    if (!vm_mapped_[i]) return InvalidArgument("unmap: page not mapped");
+  size_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(vm_mu_);
+    size_t lo = 0;
+    TFLMS_RETURN_IF_ERROR(PageSpan("unmap", p, bytes, &lo, &n));
+    for (size_t i = lo; i < lo + n; ++i) {
+      if (!vm_mapped_[i]) return InvalidArgument("unmap: page not mapped");
+    }
+    if (TakeFault(&fail_unmaps_)) {
+      return Internal("simulated unmap failure (fault injection)");
+    }
+    // A fresh inaccessible mapping over the pages: their bytes are discarded
+    // and any later access faults.
+    if (options_.store_data &&
+        mmap(p, bytes, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+             0) == MAP_FAILED) {
+      return Internal("mmap failed unmapping " + std::to_string(bytes) +
+                      " bytes");
+    }
+    for (size_t i = lo; i < lo + n; ++i) vm_mapped_[i] = 0;
+    vm_mapped_pages_ -= n;
   }
-  if (TakeFault(&fail_unmaps_)) {
-    return Internal("simulated unmap failure (fault injection)");
-  }
-  // A fresh inaccessible mapping over the pages: their bytes are discarded
-  // and any later access faults.
-  if (options_.store_data &&
-      mmap(p, bytes, PROT_NONE,
-           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
-           0) == MAP_FAILED) {
-    return Internal("mmap failed unmapping " + std::to_string(bytes) +
-                    " bytes");
-  }
-  for (size_t i = lo; i < lo + n; ++i) vm_mapped_[i] = 0;
-  vm_mapped_pages_ -= n;
   if (options_.unmap_seconds_per_page > 0) {
     HostAdvance(static_cast<double>(n) * options_.unmap_seconds_per_page);
   }
