@@ -19,7 +19,8 @@ ADDON = REPO / "tflms/addon/csrc/lms_gpu_device.cc"
 ALLOCATOR = REPO / "tf/common/files/tensorflow/core/common_runtime/gpu/lms/lms_gpu_allocator.cc"
 
 
-def _cpp_default() -> bool:
+def cpp_default() -> bool:
+    """kPrefetchEnabledDefault as lms_allocator.h declares it."""
     found = re.findall(
         r"^inline constexpr bool kPrefetchEnabledDefault = (true|false);$",
         HEADER.read_text(),
@@ -38,7 +39,7 @@ def _python_default() -> bool:
 
 
 def test_cpp_default_and_its_python_mirror_agree() -> None:
-    assert _cpp_default() == _python_default()
+    assert cpp_default() == _python_default()
 
 
 def test_both_allocators_take_the_default_from_the_one_constant() -> None:
