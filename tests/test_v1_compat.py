@@ -484,12 +484,15 @@ def test_patched_keras_callback_switches_lms_before_the_model_and_refuses_late_c
     assert "LMS.run(): Large Model Support cannot be switched off now" in k["run_too_late"]
     assert k["same_value_after_init"] is True
     # lb after the runtime started: TensorFlow refuses the prefetch change, and the
-    # message names the setting and the v1 parameter it came from.
+    # message names the setting and the v1 parameter it came from. The first setting that
+    # differs from the one in force is refused: the switch while prefetch's default is off,
+    # else the lookahead.
+    refused = "set_lms_prefetch_lookahead(8)" if cpp_default() else "set_lms_prefetch_enabled(True)"
     assert (
-        "LMS.run(): tf.config.experimental.set_lms_prefetch_enabled(True) (from lb) cannot be "
-        "applied now" in k["prefetch_too_late"]
+        f"LMS.run(): tf.config.experimental.{refused} (from lb) cannot be applied now"
+        in k["prefetch_too_late"]
     )
-    assert "set_lms_prefetch_enabled(True) at the start" in k["prefetch_too_late"]
+    assert f"{refused} at the start" in k["prefetch_too_late"]
 
 
 def _sessions_scenario() -> dict[str, Any]:
