@@ -75,7 +75,8 @@ PARAMETERS: tuple[V1Parameter, ...] = (
         "lb",
         1,
         "switches prefetch on and becomes its lookahead: how many tensor uses ahead the "
-        "allocator starts bringing tensors back (0: prefetch off, on demand)",
+        "allocator starts bringing tensors back (0: prefetch explicitly off, on demand, "
+        "whatever TensorFlow's default is)",
         mapped=True,
     ),
     V1Parameter(
@@ -191,7 +192,8 @@ def prefetch_lookahead(lb: int, ub: int) -> tuple[int, tuple[str, ...]]:
     for, `lb`, with `ub` as its cap. Given on its own, `ub` (with lb at its
     default of 1, which only means "as late as possible") is the lookahead. With
     both at their v1 defaults nothing is asked (sources are empty): prefetch
-    keeps TensorFlow's setting, off by default, and its default lookahead (256).
+    keeps TensorFlow's setting (unset: LMS's default, off in this release) and
+    its default lookahead (256).
     """
     if _differs("lb", lb):
         return min(lb, MAX_LOOKAHEAD), (("lb", "ub") if _differs("ub", ub) else ("lb",))
@@ -228,7 +230,8 @@ def translate(values: Mapping[str, object]) -> Translation:
     if result.enabled:
         lookahead, sources = prefetch_lookahead(lb, ub)
         if sources:
-            # 0 asks for swap-ins right before use: on-demand paging, no prefetch.
+            # 0 asks for swap-ins right before use: on-demand paging, no prefetch. An
+            # explicit False (not "leave the default"), so it holds if the default is on.
             result.settings[SET_PREFETCH_ENABLED] = lookahead > 0
             result.sources[SET_PREFETCH_ENABLED] = sources
             if lookahead > 0:

@@ -176,7 +176,7 @@ def lms_config(
     config: Any = None,
     *,
     defrag: bool = False,
-    prefetch: bool = False,
+    prefetch: bool | None = None,
     prefetch_lookahead: int = 0,
 ) -> Any:
     """A copy of `config` (a tf.compat.v1.ConfigProto) with LMS switched on.
@@ -187,10 +187,14 @@ def lms_config(
     and `prefetch_lookahead` (tensor uses; 0 keeps the default, 256) set
     gpu_options.experimental.lms_prefetch_enabled / lms_prefetch_lookahead, what
     v1's lb/ub map to (`parameters.prefetch_lookahead(lb, ub)` computes it).
+    `prefetch` True or False sets the field explicitly (False stays off whatever
+    TensorFlow's default); None leaves it as `config` has it (unset: LMS's
+    default, off in this release).
     """
-    if not isinstance(defrag, bool) or not isinstance(prefetch, bool):
+    if not isinstance(defrag, bool) or not isinstance(prefetch, (bool, type(None))):
         raise TypeError(
-            f"lms_config(): defrag and prefetch must be bools, got {defrag!r} and {prefetch!r}"
+            f"lms_config(): defrag must be a bool and prefetch a bool or None, got {defrag!r} "
+            f"and {prefetch!r}"
         )
     if (
         isinstance(prefetch_lookahead, bool)
@@ -205,7 +209,7 @@ def lms_config(
     experimental_type = tf.compat.v1.GPUOptions.Experimental
     fields = experimental_type.DESCRIPTOR.fields_by_name
     needed = ["lms_enabled"]
-    if prefetch or prefetch_lookahead:
+    if prefetch is not None or prefetch_lookahead:
         needed += ["lms_prefetch_enabled", "lms_prefetch_lookahead"]
     missing = [name for name in needed if name not in fields]
     if missing:
@@ -226,8 +230,9 @@ def lms_config(
     result.gpu_options.experimental.lms_enabled = True
     if defrag:
         result.gpu_options.experimental.lms_defrag_enabled = True
-    if prefetch:
-        result.gpu_options.experimental.lms_prefetch_enabled = True
+    if prefetch is not None:
+        # The field has presence: an explicit False is kept, and reaches the allocators as set.
+        result.gpu_options.experimental.lms_prefetch_enabled = prefetch
     if prefetch_lookahead:
         result.gpu_options.experimental.lms_prefetch_lookahead = prefetch_lookahead
     return result

@@ -173,7 +173,24 @@ if sys.argv[1] == "addon":
     tf.config.experimental.set_lms_enabled(True)
     tf.config.experimental.set_lms_defrag_enabled(True)
     assert tf.config.experimental.get_lms_enabled()
-    assert tf.config.experimental.get_lms_prefetch_enabled() is False
+    # Prefetch unset: the library's one default constant, both as Python reports it and as
+    # the allocator would resolve it; explicit False and True are kept, None unsets again.
+    import os
+    os.environ.pop("TF_LMS_PREFETCH", None)
+    lib = tflms.addon._require()
+    default = bool(lib.tflms_addon_prefetch_default())
+    assert default is EXPECTED_PREFETCH_DEFAULT, default
+    assert tf.config.experimental.get_lms_prefetch_enabled() is default
+    assert lib.tflms_addon_prefetch_resolved() == default
+    for explicit in (False, True, None):
+        tf.config.experimental.set_lms_prefetch_enabled(explicit)
+        want = default if explicit is None else explicit
+        assert tf.config.experimental.get_lms_prefetch_enabled() is want, explicit
+        assert lib.tflms_addon_prefetch_resolved() == want, explicit
+    for env, want in (("false", False), ("true", True)):
+        os.environ["TF_LMS_PREFETCH"] = env  # overrides the unset setting either way
+        assert lib.tflms_addon_prefetch_resolved() == want, env
+    del os.environ["TF_LMS_PREFETCH"]
     assert tf.config.experimental.get_lms_prefetch_lookahead() == 0
     for bad, error in (("1", TypeError), (-1, ValueError), (2**31, ValueError), (True, TypeError)):
         try:
@@ -239,8 +256,17 @@ print("DIGEST", digest.hexdigest())
 """
 
 
+def _expected_prefetch_default() -> bool:
+    """kPrefetchEnabledDefault as the patch's header declares it (the add-on compiles it)."""
+    header = ROOT / "tf/common/files/tensorflow/core/common_runtime/lms/lms_allocator.h"
+    (value,) = re.findall(r"kPrefetchEnabledDefault = (true|false);", header.read_text())
+    return value == "true"
+
+
 def _digest(version: str, mode: str) -> str:
-    proc = _run_gpu_wheel(version, f"import sys; sys.argv = ['p', {mode!r}]\n{PROGRAM}")
+    setup = f"import sys; sys.argv = ['p', {mode!r}]\n"
+    setup += f"EXPECTED_PREFETCH_DEFAULT = {_expected_prefetch_default()}\n"
+    proc = _run_gpu_wheel(version, setup + PROGRAM)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("DIGEST ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     return lines[0]

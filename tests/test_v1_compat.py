@@ -32,6 +32,7 @@ from tensorflow_large_model_support.parameters import (
     prefetch_lookahead,
     translate,
 )
+from tests.test_prefetch_default import cpp_default
 
 REPO = Path(__file__).resolve().parents[1]
 NO_EFFECT = (
@@ -142,7 +143,7 @@ def test_lms_config_refuses_bad_prefetch_values_before_importing_tensorflow() ->
         lms_config(prefetch_lookahead=-1)
     with pytest.raises(ValueError, match="prefetch_lookahead must be an int from 0"):
         lms_config(prefetch_lookahead=True)
-    with pytest.raises(TypeError, match="defrag and prefetch must be bools"):
+    with pytest.raises(TypeError, match="prefetch a bool or None"):
         lms_config(prefetch=1)  # type: ignore[arg-type]
 
 
@@ -440,6 +441,21 @@ def test_patched_session_pattern_switches_lms_and_warns_once(
     }
 
     assert r["n_tensors_0"] == {"enabled": False, "applied": {SET_ENABLED: False}}
+    # lb=0 sets prefetch off explicitly (the field is set, to False), so it stays off
+    # whatever TensorFlow's default for an unset field is.
+    assert r["lb_0"] == {
+        "applied": {SET_ENABLED: True, SET_PREFETCH_ENABLED: False},
+        "getter": False,
+        "context_config": {"has_field": True, "value": False},
+    }
+    # lms_config: prefetch None leaves the field unset (TensorFlow's default), False and
+    # True set it.
+    assert r["lms_config_prefetch"] == {
+        "None": [False, False],
+        "False": [True, False],
+        "True": [True, True],
+    }
+    assert r["prefetch_default"] is cpp_default()
     assert "already open" in r["open_session"] and "lms_config(config)" in r["open_session"]
 
 
@@ -468,12 +484,15 @@ def test_patched_keras_callback_switches_lms_before_the_model_and_refuses_late_c
     assert "LMS.run(): Large Model Support cannot be switched off now" in k["run_too_late"]
     assert k["same_value_after_init"] is True
     # lb after the runtime started: TensorFlow refuses the prefetch change, and the
-    # message names the setting and the v1 parameter it came from.
+    # message names the setting and the v1 parameter it came from. The first setting that
+    # differs from the one in force is refused: the switch while prefetch's default is off,
+    # else the lookahead.
+    refused = "set_lms_prefetch_lookahead(8)" if cpp_default() else "set_lms_prefetch_enabled(True)"
     assert (
-        "LMS.run(): tf.config.experimental.set_lms_prefetch_enabled(True) (from lb) cannot be "
-        "applied now" in k["prefetch_too_late"]
+        f"LMS.run(): tf.config.experimental.{refused} (from lb) cannot be applied now"
+        in k["prefetch_too_late"]
     )
-    assert "set_lms_prefetch_enabled(True) at the start" in k["prefetch_too_late"]
+    assert f"{refused} at the start" in k["prefetch_too_late"]
 
 
 def _sessions_scenario() -> dict[str, Any]:
@@ -503,7 +522,11 @@ def _sessions_scenario() -> dict[str, Any]:
     # 1. mnist_deep_lms.py: LMS({'adam_optimizer'}).run(graph) before the Session.
     graph, x, loss, train = _v1_graph()
     before = experimental.get_lms_enabled()
-    assert experimental.get_lms_prefetch_enabled() is False
+    from tensorflow.python.eager import context
+
+    default = context._LMS_PREFETCH_ENABLED_DEFAULT  # noqa: SLF001
+    out["prefetch_default"] = default
+    assert experimental.get_lms_prefetch_enabled() is default
     with warnings.catch_warnings(record=True) as caught, graph.as_default():
         warnings.simplefilter("always")
         lms = LMS({"adam_optimizer"}, lb=4, swap_branches=True, debug=True)
@@ -513,8 +536,6 @@ def _sessions_scenario() -> dict[str, Any]:
         losses = [float(sess.run([train, loss], {x: data})[1]) for _ in range(3)]
     mine = tf.compat.v1.ConfigProto(log_device_placement=True)
     cfg = lms_config(mine, defrag=True, prefetch=True, prefetch_lookahead=16)
-    from tensorflow.python.eager import context
-
     gpu_options = context.context().config.gpu_options.experimental
     with graph.as_default(), tf.compat.v1.Session(config=cfg) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -552,6 +573,26 @@ def _sessions_scenario() -> dict[str, Any]:
         warnings.simplefilter("ignore")
         off.run(graph)
     out["n_tensors_0"] = {"enabled": experimental.get_lms_enabled(), "applied": off.applied}
+
+    # 2b. lb=0: swap-ins right before use, so prefetch explicitly off (prefetch is on from 1).
+    on_demand = LMS({"adam_optimizer"}, lb=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on_demand.run(graph)
+    experimental_config = context.context().config.gpu_options.experimental
+    out["lb_0"] = {
+        "applied": on_demand.applied,
+        "getter": experimental.get_lms_prefetch_enabled(),
+        "context_config": {
+            "has_field": experimental_config.HasField("lms_prefetch_enabled"),
+            "value": experimental_config.lms_prefetch_enabled,
+        },
+    }
+    experimental.set_lms_enabled(False)  # as n_tensors=0 left it, for step 3
+    made = {str(p): lms_config(prefetch=p).gpu_options.experimental for p in (None, False, True)}
+    out["lms_config_prefetch"] = {
+        k: [e.HasField("lms_prefetch_enabled"), e.lms_prefetch_enabled] for k, e in made.items()
+    }
 
     # 3. A session already open: switching now would not reach its devices.
     with graph.as_default(), tf.compat.v1.Session():

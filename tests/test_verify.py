@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,31 @@ def _config_descriptor() -> bytes:
     return ast.literal_eval(source[start : source.index(")\n", start)])
 
 
+def _pool_with_dependencies(fdp: object) -> object:
+    """A fresh descriptor pool holding every file `fdp` imports, transitively (from the
+    wheel's own compiled modules, which importing its config_pb2 loads)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool
+    from tensorflow.core.protobuf import config_pb2  # noqa: F401  (loads the imports)
+
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(name: str) -> None:
+        if name in added:
+            return
+        found = descriptor_pool.Default().FindFileByName(name)
+        dep = descriptor_pb2.FileDescriptorProto()
+        found.CopyToProto(dep)
+        for sub in dep.dependency:
+            add(sub)
+        pool.Add(dep)
+        added.add(name)
+
+    for name in fdp.dependency:  # type: ignore[attr-defined]
+        add(name)
+    return pool
+
+
 def test_config_proto_hunk_adds_five_free_fields_to_gpu_options_experimental() -> None:
     proto = next(f for f in collect(VERSION).files if f.path == CONFIG_PROTO)
     fields = added_fields(proto, _config_descriptor())
@@ -35,8 +61,34 @@ def test_config_proto_hunk_adds_five_free_fields_to_gpu_options_experimental() -
         ("tensorflow.GPUOptions.Experimental", "lms_prefetch_enabled", 23, "TYPE_BOOL"),
         ("tensorflow.GPUOptions.Experimental", "lms_prefetch_lookahead", 24, "TYPE_INT32"),
     ]
+    # Only the prefetch switch is declared `optional` (presence: unset means LMS's default).
+    assert [f.name for f in fields if f.proto3_optional] == ["lms_prefetch_enabled"]
     extended = extend_descriptor(_config_descriptor(), fields)
     assert len(extended) > len(_config_descriptor())
+    # As protoc records proto3 `optional`: a synthetic oneof of its own, and presence at run
+    # time, so that an explicit False and an unset field differ.
+    from google.protobuf import descriptor_pb2, message_factory
+
+    fdp = descriptor_pb2.FileDescriptorProto.FromString(extended)
+    gpu = next(m for m in fdp.message_type if m.name == "GPUOptions")
+    exp = next(m for m in gpu.nested_type if m.name == "Experimental")
+    by_name = {f.name: f for f in exp.field}
+    assert by_name["lms_prefetch_enabled"].proto3_optional
+    assert exp.oneof_decl[by_name["lms_prefetch_enabled"].oneof_index].name == (
+        "_lms_prefetch_enabled"
+    )
+    assert not by_name["lms_enabled"].proto3_optional
+    assert not by_name["lms_enabled"].HasField("oneof_index")
+    pool: Any = _pool_with_dependencies(fdp)
+    pool.AddSerializedFile(extended)
+    cls = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("tensorflow.GPUOptions.Experimental")
+    )
+    msg = cls()
+    assert not msg.HasField("lms_prefetch_enabled")
+    msg.lms_prefetch_enabled = False
+    assert msg.HasField("lms_prefetch_enabled")
+    assert msg.SerializeToString() == b"\xb8\x01\x00"
     clash = [type(fields[0])(fields[0].message, "lms_enabled", 19, "TYPE_BOOL")]
     with pytest.raises(ProtoExtError, match="clashes with existing field stream_merge_options"):
         extend_descriptor(_config_descriptor(), clash)

@@ -58,12 +58,14 @@ HOST_STAT_FUNCTIONS: dict[str, str] = {
 }
 
 _lib: ctypes.CDLL | None = None
-# Python's view of the settings; the library holds the ones TensorFlow reads.
+# Python's view of the settings; the library holds the ones TensorFlow reads. "prefetch"
+# None: never set, so the library's default (kPrefetchEnabledDefault) applies, as for the
+# patch's unset GPUOptions.experimental.lms_prefetch_enabled.
 _settings: dict[str, Any] = {
     "enabled": False,
     "defrag": False,
     "limit": 0,
-    "prefetch": False,
+    "prefetch": None,
     "lookahead": 0,
 }
 # The largest lookahead the engine takes (an int32, as in the patch's ConfigProto).
@@ -112,6 +114,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     ]
     lib.tflms_addon_set_options.restype = ctypes.c_int
     lib.tflms_addon_settings_in_force.restype = ctypes.c_int
+    lib.tflms_addon_prefetch_default.restype = ctypes.c_int
+    lib.tflms_addon_prefetch_resolved.restype = ctypes.c_int
     lib.tflms_addon_last_error.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.tflms_addon_last_error.restype = ctypes.c_int
     lib.tflms_addon_stats.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
@@ -179,12 +183,26 @@ def _check_bool(name: str, value: Any) -> None:
         raise TypeError(f"{name} expects a bool, got {value!r}")
 
 
+def _prefetch_default() -> bool:
+    """LMS's own prefetch default (the library's kPrefetchEnabledDefault)."""
+    return bool(_require().tflms_addon_prefetch_default())
+
+
+def _in_force(key: str, value: Any) -> Any:
+    """What a setting means once resolved: an unset prefetch is the default."""
+    if key == "prefetch" and value is None:
+        return _prefetch_default()
+    return value
+
+
 def _apply(key: str, value: Any, what: str) -> None:
     """Sets one LMS setting, read when TensorFlow creates its GPU devices."""
-    if value == _settings[key]:
+    if value is _settings[key] or (value is not None and value == _settings[key]):
         return
     lib = _require()
     if lib.tflms_addon_settings_in_force() or _devices_exist():
+        if _in_force(key, value) == _in_force(key, _settings[key]):
+            return  # the value in force, as the patch allows
         raise RuntimeError(
             f"{what} must be set before TensorFlow creates its devices (before the first "
             "op): the runtime is already initialized with the setting in force"
@@ -194,7 +212,7 @@ def _apply(key: str, value: Any, what: str) -> None:
         int(new["enabled"]),
         int(new["defrag"]),
         new["limit"],
-        int(new["prefetch"]),
+        -1 if new["prefetch"] is None else int(new["prefetch"]),
         new["lookahead"],
     )
     if rc != 0:
@@ -237,20 +255,23 @@ def set_lms_defrag_enabled(enable: bool) -> None:
 
 
 def get_lms_prefetch_enabled() -> bool:
-    """Returns whether LMS brings tensors back ahead of their use (TF_LMS_PREFETCH aside)."""
-    return bool(_settings["prefetch"])
+    """Returns whether LMS brings tensors back ahead of their use (TF_LMS_PREFETCH aside):
+    the value set, or LMS's default (off) when none was."""
+    return bool(_in_force("prefetch", _settings["prefetch"]))
 
 
-def set_lms_prefetch_enabled(enable: bool) -> None:
+def set_lms_prefetch_enabled(enable: bool | None) -> None:
     """Enables or disables LMS prefetch for GPUs, before the first op.
 
     As the patch's `tf.config.experimental.set_lms_prefetch_enabled`: LMS learns the order
     in which a step uses its tensors and maps evicted ones back ahead of their use, up to
-    `get_lms_prefetch_lookahead()` tensor uses ahead. Off by default. `TF_LMS_PREFETCH`
-    (true/false), when set, overrides it when the allocators are created. Raises TypeError
-    for a non-bool, RuntimeError once the runtime is up with another setting in force.
+    `get_lms_prefetch_lookahead()` tensor uses ahead. True and False are kept as asked;
+    None (and never calling it) leaves LMS's default, off. `TF_LMS_PREFETCH` (true/false),
+    when set, overrides it when the allocators are created. Raises TypeError for anything
+    else, RuntimeError once the runtime is up with another setting in force.
     """
-    _check_bool("set_lms_prefetch_enabled", enable)
+    if enable is not None:
+        _check_bool("set_lms_prefetch_enabled", enable)
     _apply("prefetch", enable, "tf.config.experimental.set_lms_prefetch_enabled")
 
 

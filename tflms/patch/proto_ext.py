@@ -29,7 +29,7 @@ _SCALARS = {
     "double": "TYPE_DOUBLE",
     "string": "TYPE_STRING",
 }
-_FIELD_RE = re.compile(r"^\s*(?:optional\s+)?(\w+)\s+(\w+)\s*=\s*(\d+)\s*;")
+_FIELD_RE = re.compile(r"^\s*(optional\s+)?(\w+)\s+(\w+)\s*=\s*(\d+)\s*;")
 
 
 class ProtoExtError(ValueError):
@@ -42,14 +42,18 @@ class AddedField:
     name: str
     number: int
     type_name: str  # TYPE_BOOL, ...
+    # Declared `optional` in proto3: the field has presence, which protoc
+    # records as proto3_optional plus a synthetic oneof of its own.
+    proto3_optional: bool = False
 
 
-def _field_decls(lines: list[str]) -> list[tuple[str, str, int]]:
+def _field_decls(lines: list[str]) -> list[tuple[str, str, int, bool]]:
+    """(type, name, number, declared optional) of each field declaration."""
     out = []
     for ln in lines:
         m = _FIELD_RE.match(ln.split("//", 1)[0])
         if m:
-            out.append((m[1], m[2], int(m[3])))
+            out.append((m[2], m[3], int(m[4]), m[1] is not None))
     return out
 
 
@@ -94,17 +98,17 @@ def added_fields(fd: FileDiff, serialized: bytes) -> list[AddedField]:
             for full, msg in messages.items()
             if all(
                 any(f.name == name and f.number == num for f in msg.field)  # type: ignore[attr-defined]
-                for _, name, num in anchors
+                for _, name, num, _ in anchors
             )
         ]
         if len(owners) != 1:
             raise ProtoExtError(
                 f"{CONFIG_PROTO}: context of {hunk.header()} matches {len(owners)} messages"
             )
-        for ftype, name, num in _field_decls(added):
+        for ftype, name, num, optional in _field_decls(added):
             if ftype not in _SCALARS:
                 raise ProtoExtError(f"{CONFIG_PROTO}: only scalar fields supported, got {ftype}")
-            out.append(AddedField(owners[0], name, num, _SCALARS[ftype]))
+            out.append(AddedField(owners[0], name, num, _SCALARS[ftype], optional))
     return out
 
 
@@ -132,6 +136,16 @@ def extend_descriptor(serialized: bytes, fields: list[AddedField]) -> bytes:
         new.number = f.number
         new.label = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
         new.type = descriptor_pb2.FieldDescriptorProto.Type.Value(f.type_name)
+        if f.proto3_optional:
+            # What protoc emits for `optional` in proto3: a synthetic oneof
+            # named after the field, declared after every real oneof (new ones
+            # go last, so that holds), with the field as its only member.
+            oneof_name = "_" + f.name
+            if any(o.name == oneof_name for o in msg.oneof_decl):  # type: ignore[attr-defined]
+                raise ProtoExtError(f"{f.message}: a oneof is already named {oneof_name}")
+            msg.oneof_decl.add().name = oneof_name  # type: ignore[attr-defined]
+            new.oneof_index = len(msg.oneof_decl) - 1  # type: ignore[attr-defined]
+            new.proto3_optional = True
     return fdp.SerializeToString()
 
 

@@ -156,7 +156,11 @@ def build_patched_package(wheel_tf: Path, dest: Path, file_diffs: list[FileDiff]
             fields = added_fields(fd, serialized)
             new_source = patch_pb2_source(source, extend_descriptor(serialized, fields))
             _write(site_tf, wheel_tf, CONFIG_PB2, new_source)
-            result.proto_fields = [f"{f.message}.{f.name} = {f.number}" for f in fields]
+            result.proto_fields = [
+                f"{f.message}.{f.name} = {f.number}"
+                + (" (proto3 optional)" if f.proto3_optional else "")
+                for f in fields
+            ]
             continue
         rel = _tf_rel(fd.path)
         if rel is None:

@@ -101,8 +101,8 @@ def main() -> None:
         return "field 22, TYPE_INT64, default 0; 3 GiB serialized and parsed back"
 
     @check(
-        "ConfigProto has gpu_options.experimental.lms_prefetch_enabled (bool 23) and "
-        "lms_prefetch_lookahead (int32 24), default off / 0"
+        "ConfigProto has gpu_options.experimental.lms_prefetch_enabled (optional bool 23, "
+        "with presence) and lms_prefetch_lookahead (int32 24, default 0)"
     )
     def _() -> str:
         from google.protobuf.descriptor import FieldDescriptor
@@ -111,18 +111,31 @@ def main() -> None:
         enabled, lookahead = fields["lms_prefetch_enabled"], fields["lms_prefetch_lookahead"]
         assert (enabled.number, enabled.type) == (23, FieldDescriptor.TYPE_BOOL), enabled
         assert (lookahead.number, lookahead.type) == (24, FieldDescriptor.TYPE_INT32), lookahead
+        assert enabled.has_presence and not lookahead.has_presence
         cfg = tf.compat.v1.ConfigProto()
         exp = cfg.gpu_options.experimental
-        assert exp.lms_prefetch_enabled is False and exp.lms_prefetch_lookahead == 0
+        assert not exp.HasField("lms_prefetch_enabled") and exp.lms_prefetch_lookahead == 0
+        assert cfg.SerializeToString() == b"", "an unset field was serialized"
+        exp.lms_prefetch_enabled = False
+        assert exp.HasField("lms_prefetch_enabled")
+        # Wire format: field 23 varint = key 0xb8 0x01; field 24 varint = key 0xc0 0x01.
+        # An explicit False is written (value 0), so it reaches the allocators as set.
+        data = cfg.SerializeToString()
+        assert data.endswith(b"\xb8\x01\x00"), data.hex()
+        back = tf.compat.v1.ConfigProto.FromString(data).gpu_options.experimental
+        assert back.HasField("lms_prefetch_enabled") and back.lms_prefetch_enabled is False
         exp.lms_prefetch_enabled = True
         exp.lms_prefetch_lookahead = 48
         data = cfg.SerializeToString()
-        # Wire format: field 23 varint = key 0xb8 0x01; field 24 varint = key 0xc0 0x01.
         assert b"\xb8\x01\x01" in data and b"\xc0\x01\x30" in data, data.hex()
-        back = tf.compat.v1.ConfigProto.FromString(data)
-        assert back.gpu_options.experimental.lms_prefetch_enabled is True
-        assert back.gpu_options.experimental.lms_prefetch_lookahead == 48
-        return "fields 23 (TYPE_BOOL) and 24 (TYPE_INT32); True and 48 serialized and parsed back"
+        back = tf.compat.v1.ConfigProto.FromString(data).gpu_options.experimental
+        assert back.lms_prefetch_enabled is True and back.lms_prefetch_lookahead == 48
+        exp.ClearField("lms_prefetch_enabled")
+        assert not exp.HasField("lms_prefetch_enabled")
+        return (
+            "fields 23 (TYPE_BOOL, has presence) and 24 (TYPE_INT32); unset not serialized, "
+            "False serialized as set, True and 48 serialized and parsed back"
+        )
 
     @check("set_lms_enabled / get_lms_enabled round-trip, reach the eager context's GPUOptions")
     def _() -> str:
@@ -193,8 +206,10 @@ def main() -> None:
             fn = getattr(exp, name)
             assert str(inspect.signature(fn)) == sig, (name, inspect.signature(fn))
             assert getattr(tf.compat.v1.config.experimental, name) is fn, name
-        assert exp.get_lms_prefetch_enabled() is False
+        default = context._LMS_PREFETCH_ENABLED_DEFAULT  # noqa: SLF001
+        assert exp.get_lms_prefetch_enabled() is default
         assert exp.get_lms_prefetch_lookahead() == 0
+        assert not ctx.config.gpu_options.experimental.HasField("lms_prefetch_enabled")
         for setter, bad, error, text in (
             (exp.set_lms_prefetch_enabled, 1, TypeError, "lms_prefetch_enabled must be a bool"),
             (exp.set_lms_prefetch_enabled, "yes", TypeError, "must be a bool"),
@@ -209,8 +224,16 @@ def main() -> None:
                 assert text in str(e), (bad, str(e))
             else:
                 raise AssertionError(f"{setter.__name__}({bad!r}) accepted")
-        assert exp.get_lms_prefetch_enabled() is False, "a rejected value was stored"
+        assert exp.get_lms_prefetch_enabled() is default, "a rejected value was stored"
         assert exp.get_lms_prefetch_lookahead() == 0, "a rejected value was stored"
+        # Explicit False and True are both set in the config; None clears it.
+        exp.set_lms_prefetch_enabled(False)
+        assert exp.get_lms_prefetch_enabled() is False
+        gpu = ctx.config.gpu_options.experimental
+        assert gpu.HasField("lms_prefetch_enabled") and gpu.lms_prefetch_enabled is False
+        exp.set_lms_prefetch_enabled(None)
+        assert exp.get_lms_prefetch_enabled() is default
+        assert not ctx.config.gpu_options.experimental.HasField("lms_prefetch_enabled")
         exp.set_lms_prefetch_enabled(True)
         exp.set_lms_prefetch_lookahead(64)
         assert exp.get_lms_prefetch_enabled() is True
@@ -220,7 +243,10 @@ def main() -> None:
         exp.set_lms_prefetch_enabled(False)
         assert ctx.config.gpu_options.experimental.lms_prefetch_enabled is False
         exp.set_lms_prefetch_enabled(True)
-        return "bad values rejected; True and 64 -> context.config lms_prefetch_* (and back)"
+        return (
+            f"default {default}, field unset; bad values rejected; False set, None unset, "
+            "True and 64 -> context.config lms_prefetch_*"
+        )
 
     @check("tf.experimental.reclaim_inactive: signature, clear error without a GPU")
     def _() -> str:

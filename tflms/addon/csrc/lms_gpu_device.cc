@@ -112,7 +112,9 @@ struct Settings {
   bool lms_enabled = false;
   bool defrag_enabled = false;
   int64_t lms_limit = 0;
-  bool prefetch_enabled = false;
+  // -1: never set from Python, so tensorflow::lms::kPrefetchEnabledDefault
+  // applies (the patch's unset lms_prefetch_enabled); 0 or 1: set.
+  int prefetch_enabled = -1;
   int prefetch_lookahead = 0;  // 0: the engine's default
 };
 
@@ -132,10 +134,13 @@ std::map<int, LmsAllocator*> g_allocators;  // guarded by g_mu
 std::map<int, tflms::CudaDevice*> g_cuda_devices;  // guarded by g_mu
 
 // Prefetch as the patch decides it (lms_gpu_allocator.cc): the Python
-// setting, overridden either way by TF_LMS_PREFETCH when that is set to a
-// boolean (true/false/1/0, any case); any other value is reported and the
-// setting kept.
-bool PrefetchEnabled(bool from_settings, int tf_device_id) {
+// setting, or kPrefetchEnabledDefault where Python never set it, overridden
+// either way by TF_LMS_PREFETCH when that is set to a boolean
+// (true/false/1/0, any case); any other value is reported and the setting
+// kept.
+bool PrefetchEnabled(int setting, int tf_device_id) {
+  const bool from_settings =
+      setting < 0 ? tensorflow::lms::kPrefetchEnabledDefault : setting != 0;
   const char* env = std::getenv("TF_LMS_PREFETCH");
   if (env == nullptr || *env == '\0') return from_settings;
   std::string value(env);
@@ -145,7 +150,8 @@ bool PrefetchEnabled(bool from_settings, int tf_device_id) {
   LOG(ERROR) << "TF_LMS_PREFETCH=" << env << " is not a boolean (true, false, "
              << "1 or 0); GPU:" << tf_device_id << " uses the setting of "
              << "tf.config.experimental.set_lms_prefetch_enabled ("
-             << (from_settings ? "true" : "false") << ").";
+             << (from_settings ? "true" : "false")
+             << (setting < 0 ? ", the default" : "") << ").";
   return from_settings;
 }
 
@@ -476,7 +482,8 @@ int tflms_addon_install(char* error, int error_len) {
   return result;
 }
 
-// LMS settings for GPUs whose allocators are created from now on. Returns 1
+// LMS settings for GPUs whose allocators are created from now on;
+// prefetch_enabled -1 leaves prefetch to kPrefetchEnabledDefault. Returns 1
 // when an allocator was already asked for (the settings in force stay).
 int tflms_addon_set_options(int lms_enabled, int defrag_enabled,
                             int64_t lms_limit, int prefetch_enabled,
@@ -487,10 +494,27 @@ int tflms_addon_set_options(int lms_enabled, int defrag_enabled,
   g_settings.lms_enabled = lms_enabled != 0;
   g_settings.defrag_enabled = defrag_enabled != 0;
   g_settings.lms_limit = lms_limit;
-  g_settings.prefetch_enabled = prefetch_enabled != 0;
+  g_settings.prefetch_enabled =
+      prefetch_enabled < 0 ? -1 : (prefetch_enabled != 0 ? 1 : 0);
   g_settings.prefetch_lookahead =
       prefetch_lookahead < 0 ? 0 : prefetch_lookahead;
   return 0;
+}
+
+// tensorflow::lms::kPrefetchEnabledDefault, for get_lms_prefetch_enabled
+// while Python has not set prefetch: the one constant, not a Python copy.
+int tflms_addon_prefetch_default() {
+  return tensorflow::lms::kPrefetchEnabledDefault ? 1 : 0;
+}
+
+// 1 when a GPU allocator created now would prefetch: the settings resolved
+// exactly as CreateLocked resolves them (kPrefetchEnabledDefault where
+// Python left prefetch unset, TF_LMS_PREFETCH over either). Lets the tests
+// check the resolution on machines without a GPU.
+int tflms_addon_prefetch_resolved() {
+  using namespace tflms_addon;  // NOLINT
+  std::lock_guard<std::mutex> lock(g_mu);
+  return PrefetchEnabled(g_settings.prefetch_enabled, -1) ? 1 : 0;
 }
 
 // 1 once TensorFlow asked for a GPU allocator (settings are then in force).

@@ -55,20 +55,72 @@ class LmsConfigTest(test.TestCase):
     self.assertEqual(fields["lms_prefetch_enabled"].number, 23)
     self.assertEqual(fields["lms_prefetch_lookahead"].number, 24)
 
+  def testPrefetchEnabledHasPresence(self):
+    field = config_pb2.GPUOptions.Experimental.DESCRIPTOR.fields_by_name[
+        "lms_prefetch_enabled"
+    ]
+    self.assertTrue(field.has_presence)
+    cfg = config_pb2.ConfigProto()
+    experimental = cfg.gpu_options.experimental
+    self.assertFalse(experimental.HasField("lms_prefetch_enabled"))
+    experimental.lms_prefetch_enabled = False
+    self.assertTrue(experimental.HasField("lms_prefetch_enabled"))
+    # An explicit False is on the wire (field 23, varint 0) and survives a
+    # round trip; an unset field is not written at all.
+    data = cfg.SerializeToString()
+    self.assertIn(b"\xb8\x01\x00", data)
+    parsed = config_pb2.ConfigProto.FromString(data)
+    self.assertTrue(
+        parsed.gpu_options.experimental.HasField("lms_prefetch_enabled")
+    )
+    self.assertFalse(parsed.gpu_options.experimental.lms_prefetch_enabled)
+    self.assertEqual(config_pb2.ConfigProto().SerializeToString(), b"")
+
   @reset_eager
-  def testPrefetchDefaultsOffAndReachesContextConfig(self):
-    self.assertFalse(config.get_lms_prefetch_enabled())
+  def testPrefetchUnsetIsTheDefaultAndLeavesTheFieldUnset(self):
+    default = context._LMS_PREFETCH_ENABLED_DEFAULT  # pylint: disable=protected-access
+    self.assertIsInstance(default, bool)
+    self.assertIs(config.get_lms_prefetch_enabled(), default)
     self.assertEqual(config.get_lms_prefetch_lookahead(), 0)
     gpu = context.context().config.gpu_options
-    self.assertFalse(gpu.experimental.lms_prefetch_enabled)
+    self.assertFalse(gpu.experimental.HasField("lms_prefetch_enabled"))
     self.assertEqual(gpu.experimental.lms_prefetch_lookahead, 0)
-    config.set_lms_prefetch_enabled(True)
+
+  @reset_eager
+  def testPrefetchExplicitTrueAndFalseReachContextConfig(self):
+    for enable in (True, False, True):
+      config.set_lms_prefetch_enabled(enable)
+      self.assertIs(config.get_lms_prefetch_enabled(), enable)
+      gpu = context.context().config.gpu_options
+      self.assertTrue(gpu.experimental.HasField("lms_prefetch_enabled"))
+      self.assertIs(gpu.experimental.lms_prefetch_enabled, enable)
     config.set_lms_prefetch_lookahead(32)
-    self.assertTrue(config.get_lms_prefetch_enabled())
     self.assertEqual(config.get_lms_prefetch_lookahead(), 32)
     gpu = context.context().config.gpu_options
-    self.assertTrue(gpu.experimental.lms_prefetch_enabled)
     self.assertEqual(gpu.experimental.lms_prefetch_lookahead, 32)
+
+  @reset_eager
+  def testPrefetchNoneGoesBackToTheDefault(self):
+    default = context._LMS_PREFETCH_ENABLED_DEFAULT  # pylint: disable=protected-access
+    config.set_lms_prefetch_enabled(not default)
+    config.set_lms_prefetch_enabled(None)
+    self.assertIs(config.get_lms_prefetch_enabled(), default)
+    gpu = context.context().config.gpu_options
+    self.assertFalse(gpu.experimental.HasField("lms_prefetch_enabled"))
+
+  @reset_eager
+  def testPrefetchFromContextConfigProto(self):
+    for value in (True, False):
+      cfg = config_pb2.ConfigProto()
+      cfg.gpu_options.experimental.lms_prefetch_enabled = value
+      context.context()._config = cfg  # pylint: disable=protected-access
+      self.assertIs(config.get_lms_prefetch_enabled(), value)
+    # A ConfigProto that does not set the field leaves LMS's default.
+    context.context()._config = config_pb2.ConfigProto()  # pylint: disable=protected-access
+    self.assertIs(
+        config.get_lms_prefetch_enabled(),
+        context._LMS_PREFETCH_ENABLED_DEFAULT,  # pylint: disable=protected-access
+    )
 
   @reset_eager
   def testPrefetchDisablingOverridesContextConfigProto(self):
@@ -81,8 +133,13 @@ class LmsConfigTest(test.TestCase):
     config.set_lms_prefetch_enabled(False)
     config.set_lms_prefetch_lookahead(0)
     gpu = context.context().config.gpu_options
+    self.assertTrue(gpu.experimental.HasField("lms_prefetch_enabled"))
     self.assertFalse(gpu.experimental.lms_prefetch_enabled)
     self.assertEqual(gpu.experimental.lms_prefetch_lookahead, 0)
+    # None clears the field the ConfigProto set.
+    config.set_lms_prefetch_enabled(None)
+    gpu = context.context().config.gpu_options
+    self.assertFalse(gpu.experimental.HasField("lms_prefetch_enabled"))
 
   @reset_eager
   def testPrefetchRejectsBadValues(self):
@@ -96,23 +153,33 @@ class LmsConfigTest(test.TestCase):
       config.set_lms_prefetch_lookahead(-1)
     with self.assertRaisesRegex(ValueError, "positive number of tensor uses"):
       config.set_lms_prefetch_lookahead(1 << 31)
-    self.assertFalse(config.get_lms_prefetch_enabled())
+    self.assertIs(
+        config.get_lms_prefetch_enabled(),
+        context._LMS_PREFETCH_ENABLED_DEFAULT,  # pylint: disable=protected-access
+    )
+    self.assertFalse(
+        context.context().config.gpu_options.experimental.HasField(
+            "lms_prefetch_enabled"
+        )
+    )
     self.assertEqual(config.get_lms_prefetch_lookahead(), 0)
 
   @reset_eager
   def testPrefetchChangeAfterInitializationRaises(self):
+    default = context._LMS_PREFETCH_ENABLED_DEFAULT  # pylint: disable=protected-access
     constant_op.constant(1.0)  # initializes the runtime
-    config.set_lms_prefetch_enabled(False)  # the value in force
+    config.set_lms_prefetch_enabled(default)  # the value in force
+    config.set_lms_prefetch_enabled(None)  # the default: the value in force
     config.set_lms_prefetch_lookahead(0)  # the value in force
     with self.assertRaisesRegex(
         RuntimeError, "set_lms_prefetch_enabled.*at the start"
     ):
-      config.set_lms_prefetch_enabled(True)
+      config.set_lms_prefetch_enabled(not default)
     with self.assertRaisesRegex(
         RuntimeError, "set_lms_prefetch_lookahead.*at the start"
     ):
       config.set_lms_prefetch_lookahead(8)
-    self.assertFalse(config.get_lms_prefetch_enabled())
+    self.assertIs(config.get_lms_prefetch_enabled(), default)
     self.assertEqual(config.get_lms_prefetch_lookahead(), 0)
 
   @reset_eager

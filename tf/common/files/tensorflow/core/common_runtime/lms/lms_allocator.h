@@ -51,6 +51,16 @@ namespace lms {
 // The smallest nonzero LMS limit: the engine's allocation granularity.
 inline constexpr int64_t kMinLmsLimit = 256;
 
+// Whether LMS prefetch runs when the program does not say: in the patch,
+// GPUOptions.experimental.lms_prefetch_enabled unset (the field has presence,
+// so an explicit false stays false whatever this is); in tflms.addon,
+// set_lms_prefetch_enabled never called. TF_LMS_PREFETCH, when set, overrides
+// either. This is the one switch for the default: the patch's Python side
+// mirrors it (_LMS_PREFETCH_ENABLED_DEFAULT in python/eager/context.py, which
+// must run without this library), and a test of the tflms repository checks
+// that the two agree.
+inline constexpr bool kPrefetchEnabledDefault = false;
+
 class LmsAllocator : public tsl::Allocator, public MovableAllocator {
  public:
   // `options.name` names the allocator in logs and statistics.

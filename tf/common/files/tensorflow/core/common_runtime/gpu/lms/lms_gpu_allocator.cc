@@ -89,21 +89,32 @@ const google::protobuf::FieldDescriptor* LmsField(
   return field != nullptr && field->cpp_type() == type ? field : nullptr;
 }
 
-// GPUOptions.experimental.lms_prefetch_enabled (default false): page in the
-// next tensors of the learnt step order ahead of use. The engine learns steps
-// from the step ids the pin sites pass. Off by default: under real TensorFlow
-// (tflms.tfcpu) it keeps values bit-identical but has not yet been shown to
-// page in less than on demand (docs/how-it-works.md, Prefetch, has the
-// measurement). The environment variable TF_LMS_PREFETCH, when set, overrides
-// the option either way (as TF_FORCE_GPU_ALLOW_GROWTH overrides allow_growth),
-// so an experiment can switch prefetch without touching the program.
+// The effective prefetch setting, decided here only. The option
+// GPUOptions.experimental.lms_prefetch_enabled has presence: set to true or
+// false it is what the program asked for; unset, kPrefetchEnabledDefault
+// (lms_allocator.h) applies. When prefetch is on, the engine pages in the next
+// tensors of the learnt step order ahead of use, learning steps from the step
+// ids the pin sites pass. The environment variable TF_LMS_PREFETCH, when set,
+// overrides the option either way (as TF_FORCE_GPU_ALLOW_GROWTH overrides
+// allow_growth), so an experiment can switch prefetch without touching the
+// program.
 bool PrefetchEnabled(const GPUOptions& options, int id) {
-  bool from_options = false;
+  bool from_options = kPrefetchEnabledDefault;
+  const char* source = "unset, the default";
   const GPUOptions::Experimental& experimental = options.experimental();
   if (const auto* field =
           LmsField(experimental, "lms_prefetch_enabled",
                    google::protobuf::FieldDescriptor::CPPTYPE_BOOL)) {
-    from_options = experimental.GetReflection()->GetBool(experimental, field);
+    const auto* reflection = experimental.GetReflection();
+    // A field without presence (a config.proto declaring it as a plain bool)
+    // cannot say "unset": only true then differs from not saying anything.
+    const bool set = field->has_presence()
+                         ? reflection->HasField(experimental, field)
+                         : reflection->GetBool(experimental, field);
+    if (set) {
+      from_options = reflection->GetBool(experimental, field);
+      source = "set";
+    }
   }
   const char* env = std::getenv("TF_LMS_PREFETCH");
   if (env == nullptr || std::strlen(env) == 0) return from_options;
@@ -113,15 +124,16 @@ bool PrefetchEnabled(const GPUOptions& options, int id) {
                                            &from_env);
   if (!s.ok()) {
     LOG(ERROR) << s << " Using GPUOptions.experimental.lms_prefetch_enabled ("
-               << (from_options ? "true" : "false") << ") for GPU " << id
-               << ".";
+               << (from_options ? "true" : "false") << ", " << source
+               << ") for GPU " << id << ".";
     return from_options;
   }
   if (from_env != from_options) {
     LOG(INFO) << "TF_LMS_PREFETCH=" << env << " overrides "
               << "GPUOptions.experimental.lms_prefetch_enabled ("
-              << (from_options ? "true" : "false") << ") for GPU " << id
-              << ": prefetch " << (from_env ? "on" : "off") << ".";
+              << (from_options ? "true" : "false") << ", " << source
+              << ") for GPU " << id << ": prefetch "
+              << (from_env ? "on" : "off") << ".";
   }
   return from_env;
 }
