@@ -9,12 +9,18 @@
 // host-to-device copies overlap the compute in between instead of stalling
 // the op that needs them (TFLMS v2 only paged in on demand).
 //
-// Identity across steps: tensors are new objects every step, so a buffer is
-// known by the ordinal of its allocation within the step that created it;
-// buffers that outlive their step (weights, optimizer slots) are known by
-// their id. Both are stable from one step to the next as long as the step's
-// allocation order is (TensorFlow's executor is deterministic for a fixed
-// graph; a mismatch only costs a missed prefetch, never correctness).
+// Identity across steps: tensors are new objects every step, so a buffer of
+// the current or the previous step is known by its size and its rank among
+// the allocations of that size in its step (StepKey; the previous step's
+// with a flag, e.g. a batch an input pipeline made during it); older buffers
+// (weights, optimizer slots) are known by their id. TensorFlow's executor
+// does not allocate in the same order every step (parallel loop iterations,
+// other threads' kernels), and an ordinal within the step shifted with every
+// extra or reordered allocation; a rank per size shifts only with that size's.
+// Each pin is looked for up to kResyncWindow pins either side of the cursor,
+// the nearest occurrence winning, and counts as in order within kNearPins.
+// A mismatch only costs a missed prefetch, never correctness: every key is
+// resolved to a live buffer (by_key, by_id_) before it is used.
 //
 // Steps inside TensorFlow: nothing calls StepBegin there; every kernel's
 // pin site passes its context's step id (NoteStepId). Every tf.function call
@@ -25,7 +31,7 @@
 // and only once kMinStepPins of its pins came in a row (no pin of the step's
 // own id between them) does the next step begin, retroactively at the
 // candidate's first pin. The pins and allocations since then move over to the
-// new step, keys renumbered. A return to the step's id drops the candidate;
+// new step, keyed as they were recorded meanwhile (CandidateKey). A return to the step's id drops the candidate;
 // eager ops and small functions between steps stay in the step before.
 // A step of several functions (each its own id, e.g. a custom loop calling a
 // gradient function and then an apply function) yields one recording per
