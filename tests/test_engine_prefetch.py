@@ -147,8 +147,8 @@ def test_steps_are_found_from_step_ids_alone() -> None:
     assert marked["prefetch_hits"] > 0
     assert found_hits == marked_hits, (found_hits, marked_hits)
     # Learning takes longer (a step is confirmed late, and the order is trusted
-    # only after 16 pins were found in it).
-    assert found["prefetch_hits"] >= 0.7 * marked["prefetch_hits"]
+    # only after 16 pins were found in it, within 4 pins of where it expected them).
+    assert found["prefetch_hits"] >= 0.65 * marked["prefetch_hits"]
 
 
 def test_an_order_that_does_not_repeat_is_not_followed() -> None:
@@ -277,3 +277,47 @@ def test_a_tensor_larger_than_the_budget_is_prefetched_into_free_memory() -> Non
     stats = eng.stats()
     assert stats["num_page_ins"] > 0
     assert stats["prefetch_hits"] > 0
+
+
+def run_shifted_steps(noise: bool, steps: int = 4) -> dict[str, int]:
+    """The toy step of run_steps; with `noise`, small tensors of other kernels (an input
+    pipeline's, the executor's other ready kernels) are allocated between the step's own,
+    a different number at different places each step."""
+    import random
+
+    rng = random.Random(7)
+    eng = modelled_engine(True)
+    act = 8 * MiB
+    per_op = act / 24e9 * 1.5
+    for _ in range(steps):
+        eng.step_begin()
+        acts = []
+        for _ in range(24):
+            for _ in range(rng.randrange(3) if noise else 0):
+                t = eng.allocate(4096, pinned=True)
+                eng.unpin(t)
+                eng.free(t)
+            a = eng.allocate(act, pinned=True)
+            eng.compute(per_op)
+            eng.unpin(a)
+            acts.append(a)
+        for a in reversed(acts):
+            eng.pin(a)
+            eng.compute(per_op)
+            eng.unpin(a)
+            eng.free(a)
+    eng.check_invariants()
+    return eng.stats()
+
+
+def test_prefetch_follows_steps_whose_allocation_order_shifts() -> None:
+    # Known by the ordinal of its allocation in the step, every activation after the
+    # first extra allocation had another key each step and nothing was prefetched.
+    # Known by size and rank among that size's allocations, the step is followed as
+    # if nothing else had run.
+    clean = run_shifted_steps(noise=False)
+    noisy = run_shifted_steps(noise=True)
+    assert clean["prefetch_hits"] > 0
+    assert noisy["prefetch_hits"] >= 0.9 * clean["prefetch_hits"], (noisy, clean)
+    assert noisy["num_prefetch_steps"] == clean["num_prefetch_steps"] == 3
+    assert noisy["prefetch_pins_in_order"] >= 0.9 * noisy["prefetch_pins"], noisy

@@ -40,6 +40,7 @@ DEVICE_MEMORY = {
     "memory_stats": "8MiB",
     "no_read": "8MiB",
     "slice_root": "8MiB",
+    "keras_fit": "2368KiB",
 }
 
 
@@ -406,6 +407,54 @@ def slice_root(tf: Any) -> dict[str, Any]:
     return {"values": _hex([with_slice, after]), "moved": moved, "root_bytes": 1024 * 512 * 4}
 
 
+def keras_fit(tf: Any) -> dict[str, Any]:
+    # What a user runs: Keras fit over a tf.data pipeline, several short epochs,
+    # validation after each, and a callback whose eager ops run between steps.
+    # Each train step is a call of Keras's train function (its own step id); the
+    # pipeline's map function and the callback's ops run under ids of their own.
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(4)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((160, 16, 16, 3)).astype("float32")
+    y = rng.integers(0, 10, 160)
+
+    def scale(images: Any, labels: Any) -> Any:
+        return images * 0.5 + 0.25, labels
+
+    train = tf.data.Dataset.from_tensor_slices((x[:128], y[:128])).map(scale).batch(32)
+    val = tf.data.Dataset.from_tensor_slices((x[128:], y[128:])).map(scale).batch(32)
+    layers = [keras.layers.Conv2D(16, 3, padding="same", activation="relu") for _ in range(16)]
+    model = keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            *layers,
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(10),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
+    norms: list[Any] = []
+
+    class KernelNorm(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            norms.append(tf.reduce_sum(tf.square(self.model.layers[0].kernel)))
+
+    history = model.fit(
+        train, validation_data=val, epochs=4, verbose=0, shuffle=False, callbacks=[KernelNorm()]
+    )
+    return {
+        "loss": _hex(history.history["loss"]),
+        "val_loss": _hex(history.history["val_loss"]),
+        "norms": _hex(norms),
+    }
+
+
 CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "cnn": cnn,
     "rnn": rnn,
@@ -423,6 +472,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "memory_stats": memory_stats,
     "no_read": no_read,
     "slice_root": slice_root,
+    "keras_fit": keras_fit,
 }
 
 

@@ -347,11 +347,7 @@ Buffer* Engine::Impl::AllocateBuffer(size_t bytes, bool pinned,
   b->device_ptr = arena_->chunk(h)->ptr;
   TrackBuffer(b);
   if (!b->active()) LruPush(b);
-  b->step_created = prefetch_.step;
-  b->step_ordinal = prefetch_.next_ordinal++;
-  // Only prefetch resolves ordinals; without it the map would cost every
-  // allocation a hash insert for nothing.
-  if (options_.prefetch_enabled) prefetch_.by_ordinal[b->step_ordinal] = b;
+  NoteAllocationLocked(b);
   if (device_ptr != nullptr) *device_ptr = b->device_ptr;
   *status = Status::Ok();
   return b;

@@ -75,9 +75,15 @@ class Buffer {
   Buffer* all_prev = nullptr;
   Buffer* all_next = nullptr;
   // Prefetch identity: allocation ordinal within the step that created it,
-  // or -1 for buffers that outlive steps (keyed by id then).
+  // or -1 for buffers that outlive steps (keyed by id then). A buffer of the
+  // current or the previous step is known by its size and `size_rank`, its
+  // rank among the allocations of that size in its step (prefetch.cc).
   int64_t step_ordinal = -1;
   int64_t step_created = -1;
+  int64_t size_rank = 0;
+  // Its rank among the allocations of its size since a candidate step began
+  // (valid while step_ordinal >= PrefetchState::candidate_ordinal).
+  int64_t candidate_rank = 0;
 
   bool resident() const { return chunk != BfcArena::kInvalidChunk; }
   // Counted in bytes_active (not reclaimable).
@@ -232,11 +238,27 @@ class Engine::Impl {
   void NoteStepId(int64_t step_id);
   // Makes library[index] the order this step follows.
   void FollowRecording(size_t index);
+  // Moves *cursor past the occurrence of `key` in the learned order nearest
+  // to it (cursor unchanged when none is within the resync window); true
+  // when that occurrence is close enough to count as in order.
+  bool AdvanceCursorLocked(int64_t key, size_t* cursor) const;
   // Records the pin and returns buffers worth paging in ahead of use.
   std::vector<Buffer*> NotePinAndPlan(Buffer* b);
   void RunPrefetch(std::unique_lock<std::mutex>& lock,
                    const std::vector<Buffer*>& plan);
   void ForgetBufferForPrefetch(Buffer* b);
+  // Gives a new buffer its prefetch identity (engine.cc's allocation path).
+  void NoteAllocationLocked(Buffer* b);
+  // Key under which prefetch knows `b` across steps: its size and rank in
+  // its step for buffers of this or the previous step, -id for older ones.
+  int64_t PrefetchKey(const Buffer* b) const;
+  // The key `b` will have once the candidate step is confirmed.
+  int64_t CandidateKey(const Buffer* b) const;
+  // The live buffer a learned key names now (candidate keys while matching
+  // a candidate step's pins); nullptr if none.
+  Buffer* BufferForKeyLocked(int64_t key, bool in_candidate) const;
+  // Forgets the candidate step and its allocation ranks.
+  void DropCandidateLocked();
   // Whether inactive `b`, just unpinned, should be paged out now: following
   // the learned order, the previous step paged it out between here and its
   // next use. Not in fixed-address mode.
@@ -497,7 +519,15 @@ class Engine::Impl {
     // newest in the lowest bit.
     uint64_t found_bits = 0;
     int found_history = 0;
-    std::unordered_map<int64_t, Buffer*> by_ordinal;  // this step's buffers
+    // Buffers of this and the previous step by key (PrefetchKey), and per
+    // size how many of this step's allocations had it so far.
+    std::unordered_map<int64_t, Buffer*> by_key;
+    std::unordered_map<size_t, int64_t> size_counts;
+    // The same since the candidate step's first pin (CandidateKey), and the
+    // candidate keys of the pins since then (the recording's tail).
+    std::unordered_map<int64_t, Buffer*> candidate_by_key;
+    std::unordered_map<size_t, int64_t> candidate_size_counts;
+    std::vector<int64_t> candidate_keys;
     size_t inflight_bytes = 0;  // prefetched, not yet pinned
     // Per key, how many pins ahead of its use a buffer may be paged in; no
     // entry: prefetch_lookahead. Halved when its prefetch was evicted again
@@ -509,9 +539,6 @@ class Engine::Impl {
     std::unordered_map<int64_t, std::vector<size_t>> victims_learned;
   } prefetch_;
 };
-
-// Key under which prefetch knows a buffer across steps.
-int64_t PrefetchKey(const Buffer* b);
 
 }  // namespace tflms
 

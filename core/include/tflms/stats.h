@@ -59,6 +59,13 @@ struct EngineStats {
   int64_t num_prefetches = 0;        // page-ins issued ahead of use
   int64_t prefetch_hits = 0;         // pins of a buffer a prefetch brought in
   int64_t prefetch_misses = 0;       // pins that had to page in on demand
+  // Step learning: steps told apart (StepBegin, or found from the step ids
+  // at the pin sites), pins recorded, and those found in the learned order
+  // near where the step had got to. A low share in order means the steps
+  // do not repeat closely enough for prefetch to follow them.
+  int64_t num_prefetch_steps = 0;
+  int64_t prefetch_pins = 0;
+  int64_t prefetch_pins_in_order = 0;
   // Page-outs started ahead of pressure (at a buffer's last use before the
   // learned step needs its room), and those taken back because the buffer
   // was pinned or freed before the copy was settled.
