@@ -223,6 +223,11 @@ class Engine::Impl {
   // True when LMS has bytes on the host (the device is under pressure) and a
   // request of `rounded` bytes is large enough for cluster placement.
   bool UnderPlacementPressure(size_t rounded) const;
+  // Whether a request of `rounded` bytes is large enough (a quarter of the
+  // device) that placing it may page other buffers out.
+  bool WorthPagingOutToPlace(size_t rounded) const {
+    return rounded >= options_.memory_limit / 4;
+  }
   // Takes the planned range once it is free; kInvalidChunk if it is not.
   BfcArena::ChunkHandle TakeClusterRange(const ClusterPlan& plan,
                                          size_t rounded, size_t bytes,

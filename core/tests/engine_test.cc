@@ -70,7 +70,8 @@ constexpr size_t kMiB = size_t{1} << 20;
 struct Fixture {
   explicit Fixture(size_t device, size_t host, bool lms = true,
                    bool defrag = false, bool prefetch = false,
-                   size_t prefetch_budget = 0, bool allow_growth = true) {
+                   size_t prefetch_budget = 0, bool allow_growth = true,
+                   double fragmentation_fraction = 0.0) {
     SimOptions so;
     so.device_memory = device;
     device_ = std::make_unique<SimDevice>(so);
@@ -83,6 +84,7 @@ struct Fixture {
     eo.prefetch_enabled = prefetch;
     eo.prefetch_budget_bytes = prefetch_budget;
     eo.allow_growth = allow_growth;
+    eo.fragmentation_fraction = fragmentation_fraction;
     engine_ = std::make_unique<Engine>(device_.get(), eo);
     Status s = engine_->Init();
     if (!s.ok()) std::fprintf(stderr, "init: %s\n", s.ToString().c_str());
@@ -621,10 +623,10 @@ TEST(DefragmentationMakesRoomAndMovesBytesIntact) {
   EXPECT_OK(f.engine_->CheckInvariants());
 }
 
-// Cluster placement (placement.cc). Both tests build, in the 14 MiB below a
-// raw allocation that walls off the rest of a 32 MiB device taken as one
-// region (TensorFlow's default; a 14 MiB device would not split its chunks
-// as laid out: BFC splits only chunks of at least twice the request), an op that pins two 4 MiB inputs and then allocates a
+// Cluster placement (placement.cc). Both tests build, on a 14 MiB device
+// taken as one region (TensorFlow's default) whose chunks always split (a
+// tiny fragmentation_fraction; otherwise BFC hands out up to 128 MiB of
+// padding), an op that pins two 4 MiB inputs and then allocates a
 // 4 MiB output: 12 MiB of 14 fit only if the inputs pack. `PushBufferToHost` leaves `b` reclaimed (and
 // the engine under pressure) by pinning everything else and allocating over
 // it; the space it held is then free again.
@@ -655,16 +657,14 @@ Buffer* Filled(Fixture& f, size_t size, uint32_t seed, std::string* data) {
 // buffers, away from pinned A: the output then finds 3 + 3 MiB, never 4.
 // Placed next to A instead (paging the 3 MiB neighbour out), it fits.
 TEST(PageInUnderPressurePacksNextToPinnedBuffers) {
-  Fixture f(32 * kMiB, 64 * kMiB, /*lms=*/true, /*defrag=*/false,
-            /*prefetch=*/false, /*prefetch_budget=*/0, /*allow_growth=*/false);
+  Fixture f(14 * kMiB, 64 * kMiB, /*lms=*/true, /*defrag=*/false,
+            /*prefetch=*/false, /*prefetch_budget=*/0, /*allow_growth=*/false,
+            /*fragmentation_fraction=*/1e-4);
   std::string da, d1, db, d2;
   Buffer* a = Filled(f, 4 * kMiB, 1, &da);   // [0, 4)
   Buffer* i1 = Filled(f, 3 * kMiB, 2, &d1);  // [4, 7)
   Buffer* b = Filled(f, 4 * kMiB, 3, &db);   // [7, 11)
   Buffer* i2 = Filled(f, 3 * kMiB, 4, &d2);  // [11, 14)
-  Status ws;
-  void* wall = f.engine_->AllocateRaw(18 * kMiB, &ws);  // [14, 32)
-  EXPECT_OK(ws);
   PushBufferToHost(f, b, {a, i1, i2});
   void* pa = nullptr;
   void* pb = nullptr;
@@ -684,23 +684,20 @@ TEST(PageInUnderPressurePacksNextToPinnedBuffers) {
   for (Buffer* x : {a, i1, b, i2, out}) {
     if (x != nullptr) EXPECT_OK(f.engine_->FreeBuffer(x));
   }
-  f.engine_->DeallocateRaw(wall);
 }
 
 // A sits 3 MiB above the region start: too little below it for B, and B
 // above it leaves 3 MiB, too little for the output. Pinning A under pressure
 // moves it (device to device, bytes verified) to the top end of its gap.
 TEST(StrandedBufferMovesToAGapEndBeforeItIsPinned) {
-  Fixture f(32 * kMiB, 64 * kMiB, /*lms=*/true, /*defrag=*/false,
-            /*prefetch=*/false, /*prefetch_budget=*/0, /*allow_growth=*/false);
+  Fixture f(14 * kMiB, 64 * kMiB, /*lms=*/true, /*defrag=*/false,
+            /*prefetch=*/false, /*prefetch_budget=*/0, /*allow_growth=*/false,
+            /*fragmentation_fraction=*/1e-4);
   std::string d1, da, db, d2;
   Buffer* j1 = Filled(f, 3 * kMiB, 5, &d1);  // [0, 3)
   Buffer* a = Filled(f, 4 * kMiB, 6, &da);   // [3, 7)
   Buffer* b = Filled(f, 4 * kMiB, 7, &db);   // [7, 11)
   Buffer* j2 = Filled(f, 3 * kMiB, 8, &d2);  // [11, 14)
-  Status ws;
-  void* wall = f.engine_->AllocateRaw(18 * kMiB, &ws);  // [14, 32)
-  EXPECT_OK(ws);
   PushBufferToHost(f, b, {j1, a, j2});
   const int64_t moves_before = f.engine_->GetStats().num_defragmentations;
   void* pa = nullptr;
@@ -721,7 +718,6 @@ TEST(StrandedBufferMovesToAGapEndBeforeItIsPinned) {
   for (Buffer* x : {j1, a, b, j2, out}) {
     if (x != nullptr) EXPECT_OK(f.engine_->FreeBuffer(x));
   }
-  f.engine_->DeallocateRaw(wall);
 }
 
 // Unpin stamps a last-use epoch instead of recording an event: a page-out or
