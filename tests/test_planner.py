@@ -24,7 +24,7 @@ from tflms.planner.replay import (
     swap_bound_s,
 )
 from tflms.planner.report import RESULTS_MARKER, results_markdown
-from tflms.planner.search import largest_fitting
+from tflms.planner.search import largest_fitting, largest_without_holes
 from tflms.planner.simulate import Machine, max_batch, max_size, overhead_points, simulate_step
 from tflms.trace.format import OpInfo, TensorInfo, Trace, save_trace
 
@@ -215,6 +215,47 @@ def test_largest_fitting_with_tolerance_stays_within_it() -> None:
         loose = largest_fitting(lambda n, a=answer: n <= a, 8, rel_tol=0.05)
         assert answer * 0.95 - 1 <= loose.largest <= answer
         assert len(loose.probes) < len(exact.probes)
+
+
+def test_search_answer_never_stands_above_a_failing_probe() -> None:
+    # A fragmentation hole: 990..992 fail although everything up to 1000 else fits.
+    # Bisection alone never probes the hole and reports 1000.
+    def fits(n: int) -> bool:
+        return n <= 1000 and not 990 <= n <= 992
+
+    found = largest_fitting(fits, 500)
+    assert found.largest == 1000
+    r = largest_without_holes(fits, found, floor=1)
+    assert r.largest == 989
+    assert all(ok for n, ok in r.probes if n <= r.largest)
+    assert any(n > r.largest and ok for n, ok in r.probes)  # fits above the hole exist
+    # Without a hole in reach the answer stays, with the grid's probes recorded.
+    clean = largest_without_holes(lambda n: n <= 1000, largest_fitting(lambda n: n <= 1000, 500))
+    assert clean.largest == 1000 and len(clean.probes) == len(found.probes) + 10
+
+
+def test_max_batch_reports_no_batch_above_a_hole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Replays stubbed so that batches 380..385 fail with LMS while 386..400 fit, as a
+    # fragmentation hole does: the reported largest batch must lie below the hole.
+    from tflms.planner import simulate
+    from tflms.planner.replay import ReplayResult
+
+    trace = chain_trace(layers=8, batch=4)
+    m = machine(64 * MIB, host=1 * GIB)  # device and host hold up to batch 1088
+    monkeypatch.setattr(simulate, "build_plan", lambda t, gpu: t.batch_size)
+    monkeypatch.setattr(simulate, "peak_live_bytes", lambda batch: batch * MIB)
+
+    def attempt(batch: int, machine: Machine, lms: bool, *_: object) -> ReplayResult:
+        fits = batch <= (400 if lms else 50) and not (lms and 380 <= batch <= 385)
+        return ReplayResult(config=machine.config(lms=lms), fits=fits, oom_message="x")
+
+    monkeypatch.setattr(simulate, "_attempt", attempt)
+    mb = max_batch(trace, m)
+    assert mb["without_lms"] == 50
+    assert mb["with_lms"] == 379
+    probes = mb["search"]["with_lms"]["probes"]
+    assert all(ok for n, ok in probes if n <= mb["with_lms"])
+    assert not mb["monotone"]  # batches above the hole fit: fitting is uneven
 
 
 def test_max_size_searches_edges_in_multiples_of_16() -> None:

@@ -276,11 +276,29 @@ BfcArena::ChunkHandle BfcArena::TryToCoalesce(ChunkHandle h) {
   return h;
 }
 
+bool BfcArena::ShouldSplit(size_t chunk_size, size_t rounded) const {
+  return chunk_size >= rounded * 2 ||
+         chunk_size - rounded >= MaxInternalFragmentation();
+}
+
+BfcArena::ChunkHandle BfcArena::MarkInUseHigh(ChunkHandle h, size_t rounded,
+                                              size_t requested, void* owner) {
+  if (chunk(h)->size > rounded) {
+    // SplitChunk keeps `h` as the low part and files the high part as free;
+    // swap the roles so the low part is what stays free.
+    SplitChunk(h, chunk(h)->size - rounded);
+    ChunkHandle high = chunk(h)->next;
+    RemoveFreeChunkFromBin(high);
+    InsertFreeChunkIntoBin(h);
+    h = high;
+  }
+  return MarkInUse(h, rounded, requested, owner);
+}
+
 BfcArena::ChunkHandle BfcArena::MarkInUse(ChunkHandle h, size_t rounded,
                                           size_t requested, void* owner) {
   Chunk* c = chunk(h);
-  if (c->size >= rounded * 2 ||
-      c->size - rounded >= MaxInternalFragmentation()) {
+  if (ShouldSplit(c->size, rounded)) {
     SplitChunk(h, rounded);
     c = chunk(h);
   }
@@ -315,6 +333,31 @@ BfcArena::ChunkHandle BfcArena::TakeFreeChunk(ChunkHandle h, size_t rounded,
   assert(!chunk(h)->in_use() && chunk(h)->size >= rounded);
   RemoveFreeChunkFromBin(h);
   return MarkInUse(h, rounded, requested, owner);
+}
+
+BfcArena::ChunkHandle BfcArena::TakeFreeRange(const char* lo, size_t rounded,
+                                              size_t requested, void* owner) {
+  const Region* r = RegionFor(lo);
+  if (r == nullptr || lo + rounded > r->end()) return kInvalidChunk;
+  for (ChunkHandle h = r->handles[0]; h != kInvalidChunk; h = chunk(h)->next) {
+    const Chunk* c = chunk(h);
+    if (c->ptr > lo) break;
+    if (c->ptr + c->size < lo + rounded) continue;
+    if (c->in_use()) return kInvalidChunk;
+    if (c->ptr == lo) {
+      RemoveFreeChunkFromBin(h);
+      // Always split: the rest of the chunk is the room this placement
+      // keeps whole (MarkInUse's 2x rule would hand it out as padding).
+      if (c->size > rounded) SplitChunk(h, rounded);
+      return MarkInUse(h, rounded, requested, owner);
+    }
+    if (c->ptr + c->size == lo + rounded) {
+      RemoveFreeChunkFromBin(h);
+      return MarkInUseHigh(h, rounded, requested, owner);
+    }
+    return kInvalidChunk;
+  }
+  return kInvalidChunk;
 }
 
 BfcArena::ChunkHandle BfcArena::FindFreeChunkOutside(size_t rounded,

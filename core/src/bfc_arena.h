@@ -90,6 +90,11 @@ class BfcArena {
   // FindChunk would). Used by defragmentation to choose destinations.
   ChunkHandle TakeFreeChunk(ChunkHandle h, size_t rounded, size_t requested,
                             void* owner);
+  // Takes exactly [lo, lo + rounded) if a free chunk starts or ends there;
+  // the rest of that chunk stays free (split whatever its size, so LMS's
+  // placement keeps the room it chose). kInvalidChunk otherwise.
+  ChunkHandle TakeFreeRange(const char* lo, size_t rounded, size_t requested,
+                            void* owner);
   // Smallest free chunk of at least `rounded` bytes lying wholly outside
   // [lo, hi). kInvalidChunk if none.
   ChunkHandle FindFreeChunkOutside(size_t rounded, const char* lo,
@@ -207,6 +212,11 @@ class BfcArena {
   ChunkHandle TryToCoalesce(ChunkHandle h);
   ChunkHandle MarkInUse(ChunkHandle h, size_t rounded, size_t requested,
                         void* owner);
+  // Takes exactly the top `rounded` bytes of free chunk `h` (always split,
+  // unlike MarkInUse), leaving the remainder below it free.
+  ChunkHandle MarkInUseHigh(ChunkHandle h, size_t rounded, size_t requested,
+                            void* owner);
+  bool ShouldSplit(size_t chunk_size, size_t rounded) const;
   size_t MaxInternalFragmentation() const;
 
   SubAllocator* const sub_;

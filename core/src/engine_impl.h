@@ -217,6 +217,33 @@ class Engine::Impl {
   bool Reclaimable(const Buffer* b) const;
   Status ReclaimInactive(size_t* bytes);
 
+  // ---- placement.cc ----
+  // Where a large request made under pressure should go: a range at one end
+  // of the tightest gap between chunks that cannot leave (active buffers, raw
+  // allocations), so that what is pinned together packs together.
+  struct ClusterPlan {
+    const char* lo = nullptr;  // start of the range; nullptr: no plan
+    std::vector<Buffer*> victims;  // reclaimable buffers overlapping it
+  };
+  ClusterPlan PlanClusterPlacement(size_t rounded);
+  // True when LMS has bytes on the host (the device is under pressure) and a
+  // request of `rounded` bytes is large enough for cluster placement.
+  bool UnderPlacementPressure(size_t rounded) const;
+  // Whether a request of `rounded` bytes is large enough (a quarter of the
+  // device) that placing it may page other buffers out.
+  bool WorthPagingOutToPlace(size_t rounded) const {
+    return rounded >= options_.memory_limit / 4;
+  }
+  // Takes the planned range once it is free; kInvalidChunk if it is not.
+  BfcArena::ChunkHandle TakeClusterRange(const ClusterPlan& plan,
+                                         size_t rounded, size_t bytes,
+                                         Buffer* owner);
+  // Before a large resident buffer is pinned under pressure: if it sits
+  // inside a gap between chunks that cannot leave, away from both ends,
+  // moves it (device to device) to an end. True if it moved. May release
+  // and retake `lock`.
+  bool RelocateStrandedLocked(std::unique_lock<std::mutex>& lock, Buffer* b);
+
   // ---- defrag.cc ----
   // Makes a free chunk of `rounded` bytes by moving inactive buffers.
   Status DefragFor(std::unique_lock<std::mutex>& lock, size_t rounded,

@@ -567,8 +567,20 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
                               " was freed; it cannot be pinned");
   }
   int64_t waited_since = -1;
+  bool relocation_tried = false;
   for (;;) {
-    if (b->state == BufferState::kResident) break;
+    if (b->state == BufferState::kResident) {
+      // A large buffer stranded mid-gap under pressure moves to a gap end
+      // first (placement.cc); the lock may have been released, so the
+      // state is looked at again either way.
+      if (!relocation_tried && b->pin_count == 0 && !b->unmovable &&
+          UnderPlacementPressure(arena_->chunk(b->chunk)->size)) {
+        relocation_tried = true;
+        RelocateStrandedLocked(lock, b);
+        continue;
+      }
+      break;
+    }
     if (b->state == BufferState::kReclaimed) {
       // PageIn returns with mu_ held and the buffer resident, so nothing can
       // evict it before the pin below.

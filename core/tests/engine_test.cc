@@ -70,7 +70,8 @@ constexpr size_t kMiB = size_t{1} << 20;
 struct Fixture {
   explicit Fixture(size_t device, size_t host, bool lms = true,
                    bool defrag = false, bool prefetch = false,
-                   size_t prefetch_budget = 0) {
+                   size_t prefetch_budget = 0, bool allow_growth = true,
+                   double fragmentation_fraction = 0.0) {
     SimOptions so;
     so.device_memory = device;
     device_ = std::make_unique<SimDevice>(so);
@@ -82,6 +83,8 @@ struct Fixture {
     eo.verify_moves = true;
     eo.prefetch_enabled = prefetch;
     eo.prefetch_budget_bytes = prefetch_budget;
+    eo.allow_growth = allow_growth;
+    eo.fragmentation_fraction = fragmentation_fraction;
     engine_ = std::make_unique<Engine>(device_.get(), eo);
     Status s = engine_->Init();
     if (!s.ok()) std::fprintf(stderr, "init: %s\n", s.ToString().c_str());
@@ -618,6 +621,103 @@ TEST(DefragmentationMakesRoomAndMovesBytesIntact) {
   for (size_t i = 0; i < keep.size(); ++i) EXPECT(Holds(f.engine_.get(), keep[i], data[i]));
   for (Buffer* b : keep) EXPECT_OK(f.engine_->FreeBuffer(b));
   EXPECT_OK(f.engine_->CheckInvariants());
+}
+
+// Cluster placement (placement.cc). Both tests build, on a 14 MiB device
+// taken as one region (TensorFlow's default) whose chunks always split (a
+// tiny fragmentation_fraction; otherwise BFC hands out up to 128 MiB of
+// padding), an op that pins two 4 MiB inputs and then allocates a
+// 4 MiB output: 12 MiB of 14 fit only if the inputs pack. `PushBufferToHost` leaves `b` reclaimed (and
+// the engine under pressure) by pinning everything else and allocating over
+// it; the space it held is then free again.
+void PushBufferToHost(Fixture& f, Buffer* b, const std::vector<Buffer*>& others) {
+  void* p = nullptr;
+  for (Buffer* o : others) EXPECT_OK(f.engine_->Pin(o, &p));
+  Status s;
+  Buffer* z = f.engine_->AllocateBuffer(f.engine_->BufferSize(b), true, &s);
+  EXPECT_OK(s);
+  EXPECT(f.engine_->GetBufferState(b) == BufferState::kReclaimed);
+  if (z != nullptr) {
+    EXPECT_OK(f.engine_->Unpin(z));
+    EXPECT_OK(f.engine_->FreeBuffer(z));
+  }
+  for (Buffer* o : others) EXPECT_OK(f.engine_->Unpin(o));
+}
+
+Buffer* Filled(Fixture& f, size_t size, uint32_t seed, std::string* data) {
+  Status s;
+  Buffer* b = f.engine_->AllocateBuffer(size, false, &s);
+  EXPECT_OK(s);
+  *data = Pattern(size, seed);
+  if (b != nullptr) EXPECT_OK(f.engine_->WriteBuffer(b, 0, data->data(), size));
+  return b;
+}
+
+// Best fit pages B into the exact 4 MiB hole between two inactive 3 MiB
+// buffers, away from pinned A: the output then finds 3 + 3 MiB, never 4.
+// Placed next to A instead (paging the 3 MiB neighbour out), it fits.
+TEST(PageInUnderPressurePacksNextToPinnedBuffers) {
+  Fixture f(14 * kMiB, 64 * kMiB, /*lms=*/true, /*defrag=*/false,
+            /*prefetch=*/false, /*prefetch_budget=*/0, /*allow_growth=*/false,
+            /*fragmentation_fraction=*/1e-4);
+  std::string da, d1, db, d2;
+  Buffer* a = Filled(f, 4 * kMiB, 1, &da);   // [0, 4)
+  Buffer* i1 = Filled(f, 3 * kMiB, 2, &d1);  // [4, 7)
+  Buffer* b = Filled(f, 4 * kMiB, 3, &db);   // [7, 11)
+  Buffer* i2 = Filled(f, 3 * kMiB, 4, &d2);  // [11, 14)
+  PushBufferToHost(f, b, {a, i1, i2});
+  void* pa = nullptr;
+  void* pb = nullptr;
+  EXPECT_OK(f.engine_->Pin(a, &pa));
+  EXPECT_OK(f.engine_->Pin(b, &pb));
+  EXPECT(static_cast<char*>(pb) == static_cast<char*>(pa) + 4 * kMiB);
+  Status s;
+  Buffer* out = f.engine_->AllocateBuffer(4 * kMiB, true, &s);
+  EXPECT_OK(s);
+  EXPECT(out != nullptr);
+  EXPECT_OK(f.engine_->Unpin(a));
+  EXPECT_OK(f.engine_->Unpin(b));
+  if (out != nullptr) EXPECT_OK(f.engine_->Unpin(out));
+  EXPECT(Holds(f.engine_.get(), a, da) && Holds(f.engine_.get(), b, db));
+  EXPECT(Holds(f.engine_.get(), i1, d1) && Holds(f.engine_.get(), i2, d2));
+  EXPECT_OK(f.engine_->CheckInvariants());
+  for (Buffer* x : {a, i1, b, i2, out}) {
+    if (x != nullptr) EXPECT_OK(f.engine_->FreeBuffer(x));
+  }
+}
+
+// A sits 3 MiB above the region start: too little below it for B, and B
+// above it leaves 3 MiB, too little for the output. Pinning A under pressure
+// moves it (device to device, bytes verified) to the top end of its gap.
+TEST(StrandedBufferMovesToAGapEndBeforeItIsPinned) {
+  Fixture f(14 * kMiB, 64 * kMiB, /*lms=*/true, /*defrag=*/false,
+            /*prefetch=*/false, /*prefetch_budget=*/0, /*allow_growth=*/false,
+            /*fragmentation_fraction=*/1e-4);
+  std::string d1, da, db, d2;
+  Buffer* j1 = Filled(f, 3 * kMiB, 5, &d1);  // [0, 3)
+  Buffer* a = Filled(f, 4 * kMiB, 6, &da);   // [3, 7)
+  Buffer* b = Filled(f, 4 * kMiB, 7, &db);   // [7, 11)
+  Buffer* j2 = Filled(f, 3 * kMiB, 8, &d2);  // [11, 14)
+  PushBufferToHost(f, b, {j1, a, j2});
+  const int64_t moves_before = f.engine_->GetStats().num_defragmentations;
+  void* pa = nullptr;
+  void* pb = nullptr;
+  EXPECT_OK(f.engine_->Pin(a, &pa));
+  EXPECT(f.engine_->GetStats().num_defragmentations == moves_before + 1);
+  EXPECT_OK(f.engine_->Pin(b, &pb));
+  Status s;
+  Buffer* out = f.engine_->AllocateBuffer(4 * kMiB, true, &s);
+  EXPECT_OK(s);
+  EXPECT(out != nullptr);
+  EXPECT_OK(f.engine_->Unpin(a));
+  EXPECT_OK(f.engine_->Unpin(b));
+  if (out != nullptr) EXPECT_OK(f.engine_->Unpin(out));
+  EXPECT(Holds(f.engine_.get(), a, da) && Holds(f.engine_.get(), b, db));
+  EXPECT(Holds(f.engine_.get(), j1, d1) && Holds(f.engine_.get(), j2, d2));
+  EXPECT_OK(f.engine_->CheckInvariants());
+  for (Buffer* x : {j1, a, b, j2, out}) {
+    if (x != nullptr) EXPECT_OK(f.engine_->FreeBuffer(x));
+  }
 }
 
 // Unpin stamps a last-use epoch instead of recording an event: a page-out or

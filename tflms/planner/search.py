@@ -79,3 +79,59 @@ def largest_fitting(
         else:
             hi = mid
     return SearchResult(lo, probes, False)
+
+
+def largest_without_holes(
+    fits: Callable[[int], bool],
+    found: SearchResult,
+    *,
+    floor: int = 0,
+    grid_points: int = 10,
+    grid_step: float = 0.01,
+    rel_tol: float = 0.0,
+    on_probe: Callable[[int, bool], None] | None = None,
+) -> SearchResult:
+    """Lowers a search's answer until no probed value at or below it fails.
+
+    Fitting is monotone for a perfect allocator, not for a real one: a smaller batch can
+    fail on a fragmentation hole where a larger one fits, and bisection alone then reports
+    a batch that stands above such a hole. This probes `grid_points` values below the
+    answer, `grid_step` of it apart (down to `floor`, a value known to fit), and returns
+    the largest value v that fits such that every probe at or below v fits, bisected
+    against the smallest failing probe. The probes are `found`'s followed by the new ones.
+    """
+    probes = list(found.probes)
+
+    def probe(n: int) -> bool:
+        ok = fits(n)
+        probes.append((n, ok))
+        if on_probe is not None:
+            on_probe(n, ok)
+        return ok
+
+    answer = found.largest
+    if answer <= floor:
+        return SearchResult(answer, probes, found.hit_limit)
+    seen = {n for n, _ in probes}
+    step = max(1, round(answer * grid_step))
+    for k in range(1, grid_points + 1):
+        n = answer - k * step
+        if n <= floor:
+            break
+        if n not in seen:
+            seen.add(n)
+            probe(n)
+    fails = [n for n, ok in probes if not ok]
+    hi = min(fails, default=None)
+    if hi is None or hi > answer:
+        return SearchResult(answer, probes, found.hit_limit)
+    # Every probe below the smallest failure fits; bisect up to that failure.
+    lo = max((n for n, ok in probes if ok and n < hi), default=floor)
+    lo = max(lo, floor)
+    while hi - lo > max(1, int(lo * rel_tol)):
+        mid = (lo + hi) // 2
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    return SearchResult(lo, probes, False)

@@ -23,7 +23,7 @@ from tflms.planner.replay import (
     replay_unlimited,
     swap_bound_s,
 )
-from tflms.planner.search import SearchResult, largest_fitting
+from tflms.planner.search import SearchResult, largest_fitting, largest_without_holes
 from tflms.planner.yardsticks import Yardsticks, annotate, yardsticks
 
 if TYPE_CHECKING:
@@ -352,10 +352,13 @@ def max_batch(
     rel_tol: float = 0.0,
     progress: bool = False,
     without_lms: int | None = None,
+    hole_grid: int = 10,
 ) -> dict[str, Any]:
     """Largest batch without LMS and with LMS (at machine.host_memory), by rescaling the trace.
 
     rel_tol: accept an answer within this fraction of the true largest (fewer replays).
+    hole_grid: batches probed below the bisected answer, 1% of it apart; the answer
+    reported has no failing probe at or below it (search.largest_without_holes).
     without_lms: the largest batch without LMS when already known (it does not depend
     on the host), so that only the LMS search runs.
     `limited_by` says what stops the LMS batch: 'host' (the pinned pool is full) or 'gpu'.
@@ -419,6 +422,14 @@ def max_batch(
                 known_fit=known,
                 known_fail=fail,
                 limit=limit,
+                rel_tol=rel_tol,
+                on_probe=on_probe,
+            )
+            r = largest_without_holes(
+                fits,
+                r,
+                floor=known,
+                grid_points=hole_grid,
                 rel_tol=rel_tol,
                 on_probe=on_probe,
             )
