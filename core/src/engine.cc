@@ -351,7 +351,11 @@ Buffer* Engine::Impl::AllocateBuffer(size_t bytes, bool pinned,
   b->step_ordinal = prefetch_.next_ordinal++;
   // Only prefetch resolves ordinals; without it the map would cost every
   // allocation a hash insert for nothing.
-  if (options_.prefetch_enabled) prefetch_.by_ordinal[b->step_ordinal] = b;
+  if (options_.prefetch_enabled) {
+    prefetch_.by_ordinal[b->step_ordinal] = b;
+    NoteStepEventLocked(pinned ? StepEvent::kAllocPinned : StepEvent::kAlloc,
+                        b);
+  }
   if (device_ptr != nullptr) *device_ptr = b->device_ptr;
   *status = Status::Ok();
   return b;

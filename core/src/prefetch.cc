@@ -50,6 +50,7 @@
 // and then the compute stream, wait for the copy.
 #include <algorithm>
 #include <cstdint>
+#include <queue>
 
 #include "engine_impl.h"
 
@@ -164,9 +165,31 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
     }
     entry.second = std::move(before);
   }
+  // Events likewise: before `index` the finished step's, the rest the new
+  // step's, keys and positions renumbered.
+  std::vector<StepEvent> finished_events;
+  std::vector<StepEvent> events_tail;
+  for (const StepEvent& e : p.events) {
+    if (e.at < index) {
+      finished_events.push_back(e);
+      continue;
+    }
+    StepEvent moved_event = e;
+    moved_event.at = e.at - index;
+    if (e.key >= ordinal_base) {
+      moved_event.key = e.key - ordinal_base;
+    } else if (e.key >= 0) {
+      auto it = p.by_ordinal.find(e.key);
+      if (it == p.by_ordinal.end()) continue;  // freed: cannot recur
+      moved_event.key = -it->second->id;
+    }
+    events_tail.push_back(moved_event);
+  }
+  p.events = std::move(events_tail);
   p.recording.resize(index);
   if (!p.recording.empty()) {
     p.victims_learned = std::move(p.victims_now);
+    PlanStepLocked(finished_events);
     if (p.library.size() == kLibrarySize) p.library.erase(p.library.begin());
     p.library.push_back(std::move(p.recording));
     // Until this step's first pins say otherwise, it follows the last one.
@@ -221,16 +244,30 @@ bool Engine::Impl::ShouldPageOutEarlyLocked(const Buffer* b) const {
   auto it = p.victims_learned.find(MatchKey(b));
   if (it == p.victims_learned.end()) return false;
   const size_t next = NextUse(b);
-  if (next == SIZE_MAX) return false;  // freed before it is needed again
   const size_t cursor = InCandidateStep() ? p.candidate_cursor : p.cursor;
+  const bool plan = FollowingPlan();
+  if (next == SIZE_MAX) {
+    // Not pinned again this step. A step's own tensor is freed before it
+    // is needed again. A buffer that outlives steps is next needed in the
+    // next step: the plan pages it out now if it evicts it after this
+    // point, or in the next step before its first pin there.
+    if (!plan || MatchKey(b) >= 0) return false;
+    auto first = p.positions.find(MatchKey(b));
+    const size_t first_pin =
+        first == p.positions.end() ? 0 : first->second.front();
+    for (size_t at : it->second) {
+      if (at >= cursor || at < first_pin) return true;
+    }
+    return false;
+  }
   // Within the look-ahead window prefetch would page it straight back in:
   // leave it to on-demand reclaim, which evicts only under real pressure.
   if (next - cursor < static_cast<size_t>(options_.prefetch_lookahead)) {
     return false;
   }
-  // The previous step paged it out between this use and the next: the room
-  // it holds is needed before it is. Belady's choice, taken from the step
-  // that ran instead of from a model of the arena.
+  // The step the order was learned from paged it out between this use and
+  // the next (or, following the plan, Belady's simulation of it does): the
+  // room it holds is needed before it is.
   for (size_t at : it->second) {
     if (at >= cursor && at < next) return true;
   }
@@ -247,6 +284,7 @@ void Engine::Impl::NotePrefetchWastedLocked(Buffer* b) {
 }
 
 void Engine::Impl::ForgetBufferForPrefetch(Buffer* b) {
+  if (options_.prefetch_enabled) NoteStepEventLocked(StepEvent::kFree, b);
   if (b->step_ordinal >= 0 && b->step_created == prefetch_.step) {
     prefetch_.by_ordinal.erase(b->step_ordinal);
   }
@@ -255,6 +293,7 @@ void Engine::Impl::ForgetBufferForPrefetch(Buffer* b) {
 std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
   PrefetchState& p = prefetch_;
   const int64_t key = PrefetchKey(b);
+  NoteStepEventLocked(StepEvent::kPin, b);
   p.recording.push_back(key);
   if (p.has_candidate && p.step_id == p.candidate_id &&
       ++p.candidate_pins >= kMinStepPins) {
@@ -366,6 +405,7 @@ void Engine::Impl::RunPrefetch(std::unique_lock<std::mutex>& lock,
     // Evicting for a prefetch must not push out what is needed before it.
     const size_t needed_at = NextUse(b);
     // Over the budget: only into free memory (NotePinAndPlan).
+    // Over the budget: only into free memory (NotePinAndPlan).
     Status s = PageIn(lock, b, /*for_prefetch=*/true,
                       needed_at == SIZE_MAX ? 0 : needed_at,
                       /*no_reclaim=*/b->size > options_.prefetch_budget_bytes);
@@ -381,6 +421,135 @@ void Engine::Impl::RunPrefetch(std::unique_lock<std::mutex>& lock,
     b->prefetch_distance =
         needed_at == SIZE_MAX || needed_at < cursor ? 0 : needed_at - cursor;
     prefetch_.inflight_bytes += b->size;
+  }
+}
+
+void Engine::Impl::NoteStepEventLocked(StepEvent::Kind kind, const Buffer* b) {
+  prefetch_.events.push_back({kind, PrefetchKey(b), prefetch_.recording.size(),
+                              BfcArena::RoundedBytes(b->size)});
+}
+
+bool Engine::Impl::FollowingPlan() const {
+  const PrefetchState& p = prefetch_;
+  return p.planned && p.learned_is_last && FollowingLearnedOrder();
+}
+
+void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
+  PrefetchState& p = prefetch_;
+  p.planned = false;
+  p.start_outs.clear();
+  p.start_next = 0;
+  if (fixed_ || events.empty()) return;
+  const size_t n = events.size();
+  constexpr size_t kNever = SIZE_MAX;
+  // Uses (allocations and pins) of each key, by event index.
+  std::unordered_map<int64_t, std::vector<size_t>> uses;
+  int64_t stride = 1;
+  for (size_t e = 0; e < n; ++e) {
+    const StepEvent& ev = events[e];
+    if (ev.kind != StepEvent::kUnpin && ev.kind != StepEvent::kFree) {
+      uses[ev.key].push_back(e);
+    }
+    stride = std::max(stride, ev.key + 1);
+  }
+  const size_t capacity = lms_limit_;
+  // The step is simulated twice, as it repeats: the first pass leaves the
+  // buffers that outlive steps where the second (the one planned) finds
+  // them. A step's own tensors are new objects in each pass.
+  struct Inst {
+    size_t bytes = 0;
+    int pins = 0;
+    bool resident = false;
+    size_t next_use = kNever;
+    size_t last_unpin = kNever;
+  };
+  std::unordered_map<int64_t, Inst> inst;
+  std::priority_queue<std::pair<size_t, int64_t>> heap;  // (next use, key)
+  auto next_use = [&](int64_t key, size_t pass, size_t e) {
+    auto it = uses.find(key);
+    if (it == uses.end()) return kNever;
+    const std::vector<size_t>& u = it->second;
+    auto nx = std::upper_bound(u.begin(), u.end(), e);
+    if (nx != u.end()) return pass * n + *nx;
+    // A buffer that outlives the step is used again in the next one.
+    if (key < 0 && !u.empty()) return (pass + 1) * n + u.front();
+    return kNever;
+  };
+  std::unordered_map<int64_t, std::vector<size_t>> victims;
+  size_t used = 0;
+  std::vector<std::pair<size_t, int64_t>> pinned_aside;
+  for (size_t pass = 0; pass < 2; ++pass) {
+    for (size_t e = 0; e < n; ++e) {
+      const StepEvent& ev = events[e];
+      const size_t t = pass * n + e;
+      const int64_t ik =
+          ev.key >= 0 ? ev.key + static_cast<int64_t>(pass) * stride : ev.key;
+      if (ev.kind == StepEvent::kUnpin) {
+        auto it = inst.find(ik);
+        if (it != inst.end() && it->second.pins > 0) --it->second.pins;
+        if (it != inst.end()) it->second.last_unpin = t;
+      } else if (ev.kind == StepEvent::kFree) {
+        auto it = inst.find(ik);
+        if (it != inst.end()) {
+          if (it->second.resident) used -= it->second.bytes;
+          inst.erase(it);
+        }
+      } else {
+        Inst& s = inst[ik];
+        s.bytes = ev.bytes;
+        if (!s.resident) {
+          s.resident = true;
+          used += s.bytes;
+        }
+        if (ev.kind != StepEvent::kAlloc) ++s.pins;
+        s.next_use = next_use(ev.key, pass, e);
+        heap.push({s.next_use, ik});
+        while (used > capacity && !heap.empty()) {
+          const std::pair<size_t, int64_t> top = heap.top();
+          heap.pop();
+          auto it = inst.find(top.second);
+          if (it == inst.end() || !it->second.resident ||
+              it->second.next_use != top.first) {
+            continue;  // stale
+          }
+          if (it->second.pins > 0) {
+            pinned_aside.push_back(top);
+            continue;
+          }
+          Inst& v = it->second;
+          v.resident = false;
+          used -= v.bytes;
+          if (pass == 0) continue;
+          if (top.second < 0 && (v.last_unpin == kNever || v.last_unpin < n)) {
+            // Last used in the step before: nothing in this one to start
+            // its page-out from.
+            p.start_outs.push_back(top.second);
+          }
+          // A tensor of the first pass that outlived it has no key here.
+          if (top.second >= 0 && top.second < stride) continue;
+          victims[top.second < 0 ? top.second : top.second - stride]
+              .push_back(ev.at);
+        }
+        for (const auto& entry : pinned_aside) heap.push(entry);
+        pinned_aside.clear();
+      }
+    }
+  }
+  p.victims_learned = std::move(victims);
+  p.planned = true;
+}
+
+void Engine::Impl::StartPlannedPageOutsLocked(
+    std::unique_lock<std::mutex>& lock) {
+  PrefetchState& p = prefetch_;
+  if (p.start_next >= p.start_outs.size() || !FollowingPlan()) return;
+  while (p.start_next < p.start_outs.size()) {
+    const int64_t key = p.start_outs[p.start_next++];
+    auto it = by_id_.find(-key);
+    if (it == by_id_.end()) continue;
+    Buffer* b = it->second;
+    if (!Reclaimable(b) || b->last_use_epoch == 0) continue;
+    StartEarlyPageOut(lock, b);  // releases mu_ meanwhile
   }
 }
 

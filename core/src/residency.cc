@@ -607,6 +607,7 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
   std::vector<Buffer*> plan;
   if (options_.prefetch_enabled) plan = NotePinAndPlan(b);
   if (!plan.empty()) RunPrefetch(lock, plan);
+  if (options_.prefetch_enabled) StartPlannedPageOutsLocked(lock);
   lock.unlock();
   if (ready) {
     // The page-in is enqueued; kernels on the compute stream wait for it
@@ -653,6 +654,7 @@ Status Engine::Impl::Unpin(Buffer* b) {
   // any event recorded once this epoch has closed.
   b->last_use_epoch = open_epoch_;
   SetActivity(b, was_active);
+  if (options_.prefetch_enabled) NoteStepEventLocked(StepEvent::kUnpin, b);
   if (ShouldPageOutEarlyLocked(b)) StartEarlyPageOut(lock, b);
   if (++unpins_in_open_epoch_ < kUnpinsPerEpoch) return Status::Ok();
   // Every kUnpinsPerEpoch unpins: close the epoch and keep an event for it,
