@@ -48,6 +48,22 @@
 // (StartEarlyPageOut), so the device-to-host link works while the compute
 // stream does, instead of when an allocation finds no room and the host,
 // and then the compute stream, wait for the copy.
+//
+// Planned page-outs: the positions above are the ones a plan chose
+// rather than the ones the step's own (least-recently-used, on-demand)
+// reclaims chose. Each step records its memory events (allocations, pins,
+// unpins, frees, with rounded sizes, at pin positions); when it ends,
+// PlanStepLocked runs that step twice through a model of the device with
+// the LMS limit as its only constraint, evicting by next use (Belady) as the
+// planner's Ideal schedule does, and keeps the evictions of the second pass.
+// A buffer that outlives steps is needed next in the following step: it is
+// paged out after its last use here if the plan evicts it later in this
+// step or in the next one before its first pin (start_outs: those whose
+// last use was in the step before are paged out once the order is trusted).
+// The plan only chooses what goes out and from where; the copies, their
+// ordering after the last use and the settling of chunks are the early
+// page-out's, so a step that does not follow the plan (a mismatch, another
+// function's order) costs time, never data.
 #include <algorithm>
 #include <cstdint>
 #include <queue>
@@ -425,6 +441,7 @@ void Engine::Impl::RunPrefetch(std::unique_lock<std::mutex>& lock,
 }
 
 void Engine::Impl::NoteStepEventLocked(StepEvent::Kind kind, const Buffer* b) {
+  if (fixed_) return;  // no plan there: evictions unmap pages instead
   prefetch_.events.push_back({kind, PrefetchKey(b), prefetch_.recording.size(),
                               BfcArena::RoundedBytes(b->size)});
 }
