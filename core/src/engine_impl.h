@@ -540,6 +540,8 @@ class Engine::Impl {
     // out as soon as the plan is followed (StartPlannedPageOutsLocked).
     std::vector<int64_t> start_outs;
     size_t start_next = 0;  // the first of start_outs not started yet
+    size_t plan_largest = 0;  // the largest buffer of the planned step
+    size_t early_out_bytes = 0;  // host bytes of early page-outs in flight
   } prefetch_;
 };
 

@@ -262,6 +262,18 @@ bool Engine::Impl::ShouldPageOutEarlyLocked(const Buffer* b) const {
   const size_t next = NextUse(b);
   const size_t cursor = InCandidateStep() ? p.candidate_cursor : p.cursor;
   const bool plan = FollowingPlan();
+  if (plan && options_.host_memory_limit > 0) {
+    // The plan knows no host limit: it leaves the host pool room for the
+    // step's largest buffer, which an on-demand reclaim may still need
+    // where fragmentation asks for more than the plan evicted (UNet3D on
+    // an 80 GB GPU filled a 128 GiB pool otherwise).
+    const size_t host_used =
+        static_cast<size_t>(counters_.current_bytes_reclaimed) +
+        p.early_out_bytes;
+    if (host_used + b->size + p.plan_largest > options_.host_memory_limit) {
+      return false;
+    }
+  }
   if (next == SIZE_MAX) {
     // Not pinned again this step. A step's own tensor is freed before it
     // is needed again. A buffer that outlives steps is next needed in the
@@ -462,11 +474,13 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
   // Uses (allocations and pins) of each key, by event index.
   std::unordered_map<int64_t, std::vector<size_t>> uses;
   int64_t stride = 1;
+  p.plan_largest = 0;
   for (size_t e = 0; e < n; ++e) {
     const StepEvent& ev = events[e];
     if (ev.kind != StepEvent::kUnpin && ev.kind != StepEvent::kFree) {
       uses[ev.key].push_back(e);
     }
+    p.plan_largest = std::max(p.plan_largest, ev.bytes);
     stride = std::max(stride, ev.key + 1);
   }
   const size_t capacity = lms_limit_;
@@ -477,6 +491,7 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
     size_t bytes = 0;
     int pins = 0;
     bool resident = false;
+    bool on_host = false;
     size_t next_use = kNever;
     size_t last_unpin = kNever;
   };
@@ -494,6 +509,8 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
   };
   std::unordered_map<int64_t, std::vector<size_t>> victims;
   size_t used = 0;
+  size_t host = 0;       // bytes the plan keeps on the host
+  size_t peak_host = 0;  // their peak in the second pass
   std::vector<std::pair<size_t, int64_t>> pinned_aside;
   for (size_t pass = 0; pass < 2; ++pass) {
     for (size_t e = 0; e < n; ++e) {
@@ -509,12 +526,15 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
         auto it = inst.find(ik);
         if (it != inst.end()) {
           if (it->second.resident) used -= it->second.bytes;
+          if (it->second.on_host) host -= it->second.bytes;
           inst.erase(it);
         }
       } else {
         Inst& s = inst[ik];
         s.bytes = ev.bytes;
         if (!s.resident) {
+          if (s.on_host) host -= s.bytes;
+          s.on_host = false;
           s.resident = true;
           used += s.bytes;
         }
@@ -535,8 +555,11 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
           }
           Inst& v = it->second;
           v.resident = false;
+          v.on_host = true;
           used -= v.bytes;
+          host += v.bytes;
           if (pass == 0) continue;
+          peak_host = std::max(peak_host, host);
           if (top.second < 0 && (v.last_unpin == kNever || v.last_unpin < n)) {
             // Last used in the step before: nothing in this one to start
             // its page-out from.
@@ -552,6 +575,15 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
       }
     }
   }
+  if (options_.host_memory_limit > 0 &&
+      peak_host + p.plan_largest > options_.host_memory_limit) {
+    // The plan knows no fragmentation: where it already fills the host pool
+    // to within one buffer, the engine will need more host room than it
+    // planned, and the pool is what runs out. The step's own victims are
+    // followed instead (victims_learned as recorded).
+    p.start_outs.clear();
+    return;
+  }
   p.victims_learned = std::move(victims);
   p.planned = true;
 }
@@ -566,6 +598,12 @@ void Engine::Impl::StartPlannedPageOutsLocked(
     if (it == by_id_.end()) continue;
     Buffer* b = it->second;
     if (!Reclaimable(b) || b->last_use_epoch == 0) continue;
+    if (options_.host_memory_limit > 0 &&
+        static_cast<size_t>(counters_.current_bytes_reclaimed) +
+                p.early_out_bytes + b->size + p.plan_largest >
+            options_.host_memory_limit) {
+      continue;  // room kept for on-demand reclaims (see above)
+    }
     StartEarlyPageOut(lock, b);  // releases mu_ meanwhile
   }
 }
