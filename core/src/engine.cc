@@ -376,6 +376,10 @@ Buffer* Engine::Impl::AllocateBuffer(size_t bytes, bool pinned,
   TrackBuffer(b);
   if (!b->active()) LruPush(b);
   NoteAllocationLocked(b);
+  if (options_.prefetch_enabled) {
+    NoteStepEventLocked(pinned ? StepEvent::kAllocPinned : StepEvent::kAlloc,
+                        b);
+  }
   if (device_ptr != nullptr) *device_ptr = b->device_ptr;
   *status = Status::Ok();
   return b;

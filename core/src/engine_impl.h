@@ -102,6 +102,19 @@ enum class AllocSource {
 
 class Engine::Impl {
  public:
+  // One memory event of a recorded step (prefetch.cc, PlanStepLocked).
+  struct StepEvent {
+    enum Kind : uint8_t { kAlloc, kAllocPinned, kPin, kUnpin, kFree };
+    Kind kind;
+    int64_t key;   // PrefetchKey at the time, renumbered like the recording
+    size_t at;     // pins recorded before it (its position in the pin order)
+    size_t bytes;  // BFC-rounded size
+    // Noted while a candidate step was open: its key as that step's
+    // (CandidateKey), which it takes if the candidate is confirmed.
+    bool in_candidate = false;
+    int64_t candidate_key = 0;
+  };
+
   Impl(Device* device, const EngineOptions& options);
   ~Impl();
 
@@ -302,6 +315,18 @@ class Engine::Impl {
   // `host` from now on. REQUIRES: mu_ held.
   void CompletePageOutLocked(Buffer* v, void* host);
   void NoteVictimLocked(const Buffer* v);
+  // Notes a memory event of the step being recorded (the plan's input).
+  void NoteStepEventLocked(StepEvent::Kind kind, const Buffer* b);
+  // Computes from a finished step's events the page-outs an offline
+  // planner would choose (Belady over the step's pins, as the planner's
+  // Ideal schedule does, at the memory limit) and makes them the next
+  // step's early page-outs (victims_learned, start_outs).
+  void PlanStepLocked(const std::vector<StepEvent>& events);
+  // Whether the plan of the learned step is being followed.
+  bool FollowingPlan() const;
+  // Starts the page-outs of start_outs not started yet, once the plan is
+  // followed. Returns with `lock` held.
+  void StartPlannedPageOutsLocked(std::unique_lock<std::mutex>& lock);
   // A prefetched buffer is paged out again before its pin: the memory it
   // took was needed first. Its key is paged in closer to its use from now.
   void NotePrefetchWastedLocked(Buffer* b);
@@ -564,6 +589,21 @@ class Engine::Impl {
     // it was paged out, and the same for the step `learned` comes from.
     std::unordered_map<int64_t, std::vector<size_t>> victims_now;
     std::unordered_map<int64_t, std::vector<size_t>> victims_learned;
+    // What this step did to memory, in order (allocations, pins, unpins,
+    // frees), each at the pin position it came after: the input of the plan
+    // the next step follows (PlanStepLocked).
+    std::vector<StepEvent> events;
+    // Whether victims_learned holds the plan computed from the recording
+    // `learned` is (PlanStepLocked) rather than the victims that step chose.
+    bool planned = false;
+    // Buffers of earlier steps (keyed by id, or the previous step's by size
+    // and rank) which the plan evicts before their first pin in the step,
+    // their last use having been in the step before: paged
+    // out as soon as the plan is followed (StartPlannedPageOutsLocked).
+    std::vector<int64_t> start_outs;
+    size_t start_next = 0;  // the first of start_outs not started yet
+    size_t plan_largest = 0;  // the largest buffer of the planned step
+    size_t early_out_bytes = 0;  // host bytes of early page-outs in flight
   } prefetch_;
 };
 

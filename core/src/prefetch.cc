@@ -54,8 +54,28 @@
 // (StartEarlyPageOut), so the device-to-host link works while the compute
 // stream does, instead of when an allocation finds no room and the host,
 // and then the compute stream, wait for the copy.
+//
+// Planned page-outs: the positions above are the ones a plan chose
+// rather than the ones the step's own (least-recently-used, on-demand)
+// reclaims chose. Each step records its memory events (allocations, pins,
+// unpins, frees, with rounded sizes, at pin positions); when it ends,
+// PlanStepLocked runs that step twice through a model of the device with
+// the LMS limit as its only constraint, evicting by next use (Belady) as the
+// planner's Ideal schedule does, and keeps the evictions of the second pass.
+// A buffer that outlives steps is needed next in the following step: it is
+// paged out after its last use here if the plan evicts it later in this
+// step or in the next one before its first pin (start_outs: those whose
+// last use was in the step before are paged out once the order is trusted).
+// The plan names buffers by their prefetch keys: one of this step's that
+// is still alive in the next is there the previous step's buffer of its size
+// and rank, which is how the second pass finds the first pass's.
+// The plan only chooses what goes out and from where; the copies, their
+// ordering after the last use and the settling of chunks are the early
+// page-out's, so a step that does not follow the plan (a mismatch, another
+// function's order) costs time, never data.
 #include <algorithm>
 #include <cstdint>
+#include <queue>
 
 #include "engine_impl.h"
 
@@ -244,10 +264,28 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
   if (p.candidate_keys.size() == p.recording.size() - index) {
     tail = std::move(p.candidate_keys);
   }
+  // Events likewise: before `index` the finished step's, the rest the new
+  // step's, at their positions since the candidate's first pin and with the
+  // keys they were given as the candidate's (NoteStepEventLocked).
+  std::vector<StepEvent> finished_events;
+  std::vector<StepEvent> events_tail;
+  for (const StepEvent& e : p.events) {
+    if (e.at < index || !e.in_candidate) {
+      finished_events.push_back(e);
+      continue;
+    }
+    StepEvent moved_event = e;
+    moved_event.at = e.at - index;
+    moved_event.key = e.candidate_key;
+    moved_event.in_candidate = false;
+    events_tail.push_back(moved_event);
+  }
+  p.events = std::move(events_tail);
   p.recording.resize(index);
   if (!p.recording.empty()) {
     ++counters_.num_prefetch_steps;
     p.victims_learned = std::move(p.victims_now);
+    PlanStepLocked(finished_events);
     if (p.library.size() == kLibrarySize) p.library.erase(p.library.begin());
     p.library.push_back(std::move(p.recording));
     // Until this step's first pins say otherwise, it follows the last one.
@@ -301,16 +339,42 @@ bool Engine::Impl::ShouldPageOutEarlyLocked(const Buffer* b) const {
   auto it = p.victims_learned.find(MatchKey(b));
   if (it == p.victims_learned.end()) return false;
   const size_t next = NextUse(b);
-  if (next == SIZE_MAX) return false;  // freed before it is needed again
   const size_t cursor = InCandidateStep() ? p.candidate_cursor : p.cursor;
+  const bool plan = FollowingPlan();
+  if (plan && options_.host_memory_limit > 0) {
+    // The plan knows no host limit: it leaves the host pool room for the
+    // step's largest buffer, which an on-demand reclaim may still need
+    // where fragmentation asks for more than the plan evicted (UNet3D on
+    // an 80 GB GPU filled a 128 GiB pool otherwise).
+    const size_t host_used =
+        static_cast<size_t>(counters_.current_bytes_reclaimed) +
+        p.early_out_bytes;
+    if (host_used + b->size + p.plan_largest > options_.host_memory_limit) {
+      return false;
+    }
+  }
+  if (next == SIZE_MAX) {
+    // Not pinned again this step. A step's own tensor is freed before it
+    // is needed again. A buffer that outlives steps is next needed in the
+    // next step: the plan pages it out now if it evicts it after this
+    // point, or in the next step before its first pin there.
+    if (!plan || MatchKey(b) >= 0) return false;
+    auto first = p.positions.find(MatchKey(b));
+    const size_t first_pin =
+        first == p.positions.end() ? 0 : first->second.front();
+    for (size_t at : it->second) {
+      if (at >= cursor || at < first_pin) return true;
+    }
+    return false;
+  }
   // Within the look-ahead window prefetch would page it straight back in:
   // leave it to on-demand reclaim, which evicts only under real pressure.
   if (next - cursor < static_cast<size_t>(options_.prefetch_lookahead)) {
     return false;
   }
-  // The previous step paged it out between this use and the next: the room
-  // it holds is needed before it is. Belady's choice, taken from the step
-  // that ran instead of from a model of the arena.
+  // The step the order was learned from paged it out between this use and
+  // the next (or, following the plan, Belady's simulation of it does): the
+  // room it holds is needed before it is.
   for (size_t at : it->second) {
     if (at >= cursor && at < next) return true;
   }
@@ -329,6 +393,7 @@ void Engine::Impl::NotePrefetchWastedLocked(Buffer* b) {
 
 void Engine::Impl::ForgetBufferForPrefetch(Buffer* b) {
   PrefetchState& p = prefetch_;
+  if (options_.prefetch_enabled) NoteStepEventLocked(StepEvent::kFree, b);
   if (b->step_ordinal < 0) return;
   // Saturated keys may name another buffer: erase only b's own entry.
   auto it = p.by_key.find(PrefetchKey(b));
@@ -375,6 +440,7 @@ bool Engine::Impl::AdvanceCursorLocked(int64_t key, size_t* cursor) const {
 std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
   PrefetchState& p = prefetch_;
   const int64_t key = PrefetchKey(b);
+  NoteStepEventLocked(StepEvent::kPin, b);
   p.recording.push_back(key);
   if (p.has_candidate) p.candidate_keys.push_back(CandidateKey(b));
   if (p.has_candidate && p.step_id == p.candidate_id &&
@@ -472,6 +538,7 @@ void Engine::Impl::RunPrefetch(std::unique_lock<std::mutex>& lock,
     // Evicting for a prefetch must not push out what is needed before it.
     const size_t needed_at = NextUse(b);
     // Over the budget: only into free memory (NotePinAndPlan).
+    // Over the budget: only into free memory (NotePinAndPlan).
     Status s = PageIn(lock, b, /*for_prefetch=*/true,
                       needed_at == SIZE_MAX ? 0 : needed_at,
                       /*no_reclaim=*/b->size > options_.prefetch_budget_bytes);
@@ -487,6 +554,187 @@ void Engine::Impl::RunPrefetch(std::unique_lock<std::mutex>& lock,
     b->prefetch_distance =
         needed_at == SIZE_MAX || needed_at < cursor ? 0 : needed_at - cursor;
     prefetch_.inflight_bytes += b->size;
+  }
+}
+
+void Engine::Impl::NoteStepEventLocked(StepEvent::Kind kind, const Buffer* b) {
+  if (fixed_) return;  // no plan there: evictions unmap pages instead
+  PrefetchState& p = prefetch_;
+  StepEvent e{kind, PrefetchKey(b), p.recording.size(),
+              BfcArena::RoundedBytes(b->size)};
+  if (p.has_candidate) {
+    e.in_candidate = true;
+    e.candidate_key = CandidateKey(b);
+  }
+  p.events.push_back(e);
+}
+
+bool Engine::Impl::FollowingPlan() const {
+  const PrefetchState& p = prefetch_;
+  return p.planned && p.learned_is_last && FollowingLearnedOrder();
+}
+
+void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
+  PrefetchState& p = prefetch_;
+  p.planned = false;
+  p.start_outs.clear();
+  p.start_next = 0;
+  if (fixed_ || events.empty()) return;
+  const size_t n = events.size();
+  constexpr size_t kNever = SIZE_MAX;
+  // Uses (allocations and pins) of each key, by event index.
+  std::unordered_map<int64_t, std::vector<size_t>> uses;
+  p.plan_largest = 0;
+  for (size_t e = 0; e < n; ++e) {
+    const StepEvent& ev = events[e];
+    if (ev.kind != StepEvent::kUnpin && ev.kind != StepEvent::kFree) {
+      uses[ev.key].push_back(e);
+    }
+    p.plan_largest = std::max(p.plan_largest, ev.bytes);
+  }
+  const size_t capacity = lms_limit_;
+  // The step is simulated twice, as it repeats: the first pass leaves the
+  // buffers that outlive steps where the second (the one planned) finds
+  // them. A step's own tensors are new objects in each pass: in the second,
+  // a key of this step names a new instance (kSecondPassBit), and a key of
+  // the step before names the first pass's buffer of that size and rank.
+  constexpr int64_t kSecondPassBit = int64_t{1} << 62;
+  auto instance = [&](int64_t key, size_t pass) -> int64_t {
+    if (key < 0 || pass == 0) return key;
+    if (key & kPreviousStepBit) return key & ~kPreviousStepBit;
+    return key | kSecondPassBit;
+  };
+  // The key the next step will know a second-pass instance by; false for a
+  // buffer two steps old by then (known by id, which the plan cannot name).
+  auto next_step_key = [&](int64_t ik, int64_t* key) {
+    if (ik < 0 || (ik & kSecondPassBit)) {
+      *key = ik < 0 ? ik : ik & ~kSecondPassBit;
+      return true;
+    }
+    if (ik & kPreviousStepBit) return false;
+    *key = ik | kPreviousStepBit;
+    return true;
+  };
+  struct Inst {
+    size_t bytes = 0;
+    int pins = 0;
+    bool resident = false;
+    bool on_host = false;
+    size_t next_use = kNever;
+    size_t last_unpin = kNever;
+  };
+  std::unordered_map<int64_t, Inst> inst;
+  std::priority_queue<std::pair<size_t, int64_t>> heap;  // (next use, key)
+  auto next_use = [&](int64_t key, size_t pass, size_t e) {
+    auto it = uses.find(key);
+    if (it != uses.end()) {
+      const std::vector<size_t>& u = it->second;
+      auto nx = std::upper_bound(u.begin(), u.end(), e);
+      if (nx != u.end()) return pass * n + *nx;
+    }
+    // A buffer that outlives the step is used again in the next one: by id,
+    // or, one of this step's, as the previous step's.
+    if (key >= 0 && (key & kPreviousStepBit)) return kNever;
+    const auto next = uses.find(key < 0 ? key : key | kPreviousStepBit);
+    if (next == uses.end() || next->second.empty()) return kNever;
+    return (pass + 1) * n + next->second.front();
+  };
+  std::unordered_map<int64_t, std::vector<size_t>> victims;
+  size_t used = 0;
+  size_t host = 0;       // bytes the plan keeps on the host
+  size_t peak_host = 0;  // their peak in the second pass
+  std::vector<std::pair<size_t, int64_t>> pinned_aside;
+  for (size_t pass = 0; pass < 2; ++pass) {
+    for (size_t e = 0; e < n; ++e) {
+      const StepEvent& ev = events[e];
+      const size_t t = pass * n + e;
+      const int64_t ik = instance(ev.key, pass);
+      if (ev.kind == StepEvent::kUnpin) {
+        auto it = inst.find(ik);
+        if (it != inst.end() && it->second.pins > 0) --it->second.pins;
+        if (it != inst.end()) it->second.last_unpin = t;
+      } else if (ev.kind == StepEvent::kFree) {
+        auto it = inst.find(ik);
+        if (it != inst.end()) {
+          if (it->second.resident) used -= it->second.bytes;
+          if (it->second.on_host) host -= it->second.bytes;
+          inst.erase(it);
+        }
+      } else {
+        Inst& s = inst[ik];
+        s.bytes = ev.bytes;
+        if (!s.resident) {
+          if (s.on_host) host -= s.bytes;
+          s.on_host = false;
+          s.resident = true;
+          used += s.bytes;
+        }
+        if (ev.kind != StepEvent::kAlloc) ++s.pins;
+        s.next_use = next_use(ev.key, pass, e);
+        heap.push({s.next_use, ik});
+        while (used > capacity && !heap.empty()) {
+          const std::pair<size_t, int64_t> top = heap.top();
+          heap.pop();
+          auto it = inst.find(top.second);
+          if (it == inst.end() || !it->second.resident ||
+              it->second.next_use != top.first) {
+            continue;  // stale
+          }
+          if (it->second.pins > 0) {
+            pinned_aside.push_back(top);
+            continue;
+          }
+          Inst& v = it->second;
+          v.resident = false;
+          v.on_host = true;
+          used -= v.bytes;
+          host += v.bytes;
+          if (pass == 0) continue;
+          peak_host = std::max(peak_host, host);
+          int64_t key = 0;
+          if (!next_step_key(top.second, &key)) continue;
+          const bool from_before = key < 0 || (key & kPreviousStepBit);
+          if (from_before && (v.last_unpin == kNever || v.last_unpin < n)) {
+            // Last used in the step before: nothing in this one to start
+            // its page-out from.
+            p.start_outs.push_back(key);
+          }
+          victims[key].push_back(ev.at);
+        }
+        for (const auto& entry : pinned_aside) heap.push(entry);
+        pinned_aside.clear();
+      }
+    }
+  }
+  if (options_.host_memory_limit > 0 &&
+      peak_host + p.plan_largest > options_.host_memory_limit) {
+    // The plan knows no fragmentation: where it already fills the host pool
+    // to within one buffer, the engine will need more host room than it
+    // planned, and the pool is what runs out. The step's own victims are
+    // followed instead (victims_learned as recorded).
+    p.start_outs.clear();
+    return;
+  }
+  p.victims_learned = std::move(victims);
+  p.planned = true;
+}
+
+void Engine::Impl::StartPlannedPageOutsLocked(
+    std::unique_lock<std::mutex>& lock) {
+  PrefetchState& p = prefetch_;
+  if (p.start_next >= p.start_outs.size() || !FollowingPlan()) return;
+  while (p.start_next < p.start_outs.size()) {
+    const int64_t key = p.start_outs[p.start_next++];
+    Buffer* b = BufferForKeyLocked(key, InCandidateStep());
+    if (b == nullptr) continue;
+    if (!Reclaimable(b) || b->last_use_epoch == 0) continue;
+    if (options_.host_memory_limit > 0 &&
+        static_cast<size_t>(counters_.current_bytes_reclaimed) +
+                p.early_out_bytes + b->size + p.plan_largest >
+            options_.host_memory_limit) {
+      continue;  // room kept for on-demand reclaims (see above)
+    }
+    StartEarlyPageOut(lock, b);  // releases mu_ meanwhile
   }
 }
 

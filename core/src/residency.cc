@@ -397,6 +397,7 @@ void Engine::Impl::StartEarlyPageOut(std::unique_lock<std::mutex>& lock,
   }
   ++counters_.num_early_page_outs;
   if (options_.prefetch_enabled) NoteVictimLocked(v);
+  prefetch_.early_out_bytes += size;
   early_outs_.push_back({v, host, std::move(done), covers, free_seq});
   cv_.notify_all();
 }
@@ -406,6 +407,7 @@ bool Engine::Impl::CancelEarlyPageOutLocked(Buffer* b) {
     if (early_outs_[i].buffer != b) continue;
     EarlyPageOut e = std::move(early_outs_[i]);
     early_outs_.erase(early_outs_.begin() + static_cast<ptrdiff_t>(i));
+    prefetch_.early_out_bytes -= b->size;
     // The copy may still be reading the chunk: whoever writes it next (the
     // compute stream, which waits for b->ready) comes after the copy, and
     // the host copy is released once the copy is done.
@@ -464,6 +466,7 @@ void Engine::Impl::SettleEarlyPageOutsLocked(std::unique_lock<std::mutex>& lock,
     EarlyPageOut& e = settling[i];
     Buffer* v = e.buffer;
     v->early_out = false;
+    prefetch_.early_out_bytes -= v->size;
     if (!results[i].ok()) {
       // The copy failed: the chunk still holds the bytes.
       AbandonPageOutLocked(v, e.host);
@@ -619,6 +622,7 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
   std::vector<Buffer*> plan;
   if (options_.prefetch_enabled) plan = NotePinAndPlan(b);
   if (!plan.empty()) RunPrefetch(lock, plan);
+  if (options_.prefetch_enabled) StartPlannedPageOutsLocked(lock);
   lock.unlock();
   if (ready) {
     // The page-in is enqueued; kernels on the compute stream wait for it
@@ -665,6 +669,7 @@ Status Engine::Impl::Unpin(Buffer* b) {
   // any event recorded once this epoch has closed.
   b->last_use_epoch = open_epoch_;
   SetActivity(b, was_active);
+  if (options_.prefetch_enabled) NoteStepEventLocked(StepEvent::kUnpin, b);
   if (ShouldPageOutEarlyLocked(b)) StartEarlyPageOut(lock, b);
   if (++unpins_in_open_epoch_ < kUnpinsPerEpoch) return Status::Ok();
   // Every kUnpinsPerEpoch unpins: close the epoch and keep an event for it,
