@@ -251,10 +251,10 @@ class Engine::Impl {
   BfcArena::ChunkHandle TakeClusterRange(const ClusterPlan& plan,
                                          size_t rounded, size_t bytes,
                                          Buffer* owner);
-  // Before a large resident buffer is pinned under pressure: if it sits
-  // inside a gap between chunks that cannot leave, away from both ends,
-  // moves it (device to device) to an end. True if it moved. May release
-  // and retake `lock`.
+  // Before a resident buffer of a quarter of the device or more is pinned
+  // under pressure: if it sits inside a gap between chunks that cannot
+  // leave, away from both ends, moves it (device to device) to an end. True
+  // if it moved. May release and retake `lock`.
   bool RelocateStrandedLocked(std::unique_lock<std::mutex>& lock, Buffer* b);
 
   // ---- defrag.cc ----
