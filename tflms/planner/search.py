@@ -19,6 +19,34 @@ class SearchResult:
     hit_limit: bool  # the search stopped at `limit` while still fitting
 
 
+def _recording(
+    fits: Callable[[int], bool],
+    probes: list[tuple[int, bool]],
+    on_probe: Callable[[int, bool], None] | None,
+) -> Callable[[int], bool]:
+    """fits, with every call appended to `probes` and reported to `on_probe`."""
+
+    def probe(n: int) -> bool:
+        ok = fits(n)
+        probes.append((n, ok))
+        if on_probe is not None:
+            on_probe(n, ok)
+        return ok
+
+    return probe
+
+
+def _bisect(probe: Callable[[int], bool], lo: int, hi: int, rel_tol: float) -> int:
+    """The largest value found to fit between lo (fits) and hi (does not)."""
+    while hi - lo > max(1, int(lo * rel_tol)):
+        mid = (lo + hi) // 2
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def largest_fitting(
     fits: Callable[[int], bool],
     start: int,
@@ -41,12 +69,7 @@ def largest_fitting(
     hi = known_fail  # smallest value known not to fit (None: none)
     probes: list[tuple[int, bool]] = []
 
-    def probe(n: int) -> bool:
-        ok = fits(n)
-        probes.append((n, ok))
-        if on_probe is not None:
-            on_probe(n, ok)
-        return ok
+    probe = _recording(fits, probes, on_probe)
 
     n = min(max(start, lo + 1), limit)
     if hi is not None:
@@ -72,13 +95,7 @@ def largest_fitting(
                 return SearchResult(0, probes, False)
     if hi is None:
         return SearchResult(lo, probes, lo >= limit)
-    while hi - lo > max(1, int(lo * rel_tol)):
-        mid = (lo + hi) // 2
-        if probe(mid):
-            lo = mid
-        else:
-            hi = mid
-    return SearchResult(lo, probes, False)
+    return SearchResult(_bisect(probe, lo, hi, rel_tol), probes, False)
 
 
 def largest_without_holes(
@@ -102,12 +119,7 @@ def largest_without_holes(
     """
     probes = list(found.probes)
 
-    def probe(n: int) -> bool:
-        ok = fits(n)
-        probes.append((n, ok))
-        if on_probe is not None:
-            on_probe(n, ok)
-        return ok
+    probe = _recording(fits, probes, on_probe)
 
     answer = found.largest
     if answer <= floor:
@@ -128,10 +140,4 @@ def largest_without_holes(
     # Every probe below the smallest failure fits; bisect up to that failure.
     lo = max((n for n, ok in probes if ok and n < hi), default=floor)
     lo = max(lo, floor)
-    while hi - lo > max(1, int(lo * rel_tol)):
-        mid = (lo + hi) // 2
-        if probe(mid):
-            lo = mid
-        else:
-            hi = mid
-    return SearchResult(lo, probes, False)
+    return SearchResult(_bisect(probe, lo, hi, rel_tol), probes, False)
