@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import tflms
 
 MiB = 1 << 20
@@ -23,28 +25,35 @@ def modelled_engine(
     )
 
 
+def toy_step(eng: tflms.Engine, between: Callable[[], None] = lambda: None) -> None:
+    """Forward keeps 24 activations of 8 MiB, backward reads them in reverse; each op
+    computes a little longer than one copy. `between` runs before each allocation."""
+    act = 8 * MiB
+    per_op = act / 24e9 * 1.5
+    acts = []
+    for _ in range(24):
+        between()
+        a = eng.allocate(act, pinned=True)
+        eng.compute(per_op)
+        eng.unpin(a)
+        acts.append(a)
+    for a in reversed(acts):
+        eng.pin(a)
+        eng.compute(per_op)
+        eng.unpin(a)
+        eng.free(a)
+
+
 def run_steps(prefetch: bool, steps: int = 3) -> tuple[dict[str, float], dict[str, int]]:
     """A toy training step: forward keeps 24 activations, backward reads them in reverse."""
     eng = modelled_engine(prefetch)
-    act = 8 * MiB
-    per_op = act / 24e9 * 1.5  # compute a little longer than one copy
     start: dict[str, float] = {}
     for step in range(steps):
         eng.step_begin()
         if step == steps - 1:
             eng.synchronize()
             start = eng.timeline()
-        acts = []
-        for _ in range(24):
-            a = eng.allocate(act, pinned=True)
-            eng.compute(per_op)
-            eng.unpin(a)
-            acts.append(a)
-        for a in reversed(acts):
-            eng.pin(a)
-            eng.compute(per_op)
-            eng.unpin(a)
-            eng.free(a)
+        toy_step(eng)
     eng.synchronize()
     end = eng.timeline()
     delta = {k: end[k] - start[k] for k in end}
@@ -287,25 +296,16 @@ def run_shifted_steps(noise: bool, steps: int = 4) -> dict[str, int]:
 
     rng = random.Random(7)
     eng = modelled_engine(True)
-    act = 8 * MiB
-    per_op = act / 24e9 * 1.5
+
+    def other_kernels() -> None:
+        for _ in range(rng.randrange(3) if noise else 0):
+            t = eng.allocate(4096, pinned=True)
+            eng.unpin(t)
+            eng.free(t)
+
     for _ in range(steps):
         eng.step_begin()
-        acts = []
-        for _ in range(24):
-            for _ in range(rng.randrange(3) if noise else 0):
-                t = eng.allocate(4096, pinned=True)
-                eng.unpin(t)
-                eng.free(t)
-            a = eng.allocate(act, pinned=True)
-            eng.compute(per_op)
-            eng.unpin(a)
-            acts.append(a)
-        for a in reversed(acts):
-            eng.pin(a)
-            eng.compute(per_op)
-            eng.unpin(a)
-            eng.free(a)
+        toy_step(eng, other_kernels)
     eng.check_invariants()
     return eng.stats()
 

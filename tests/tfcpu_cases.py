@@ -79,14 +79,8 @@ def _hex(values: Any) -> list[str]:
     return [float(v).hex() for v in np.asarray(values, dtype=np.float64).ravel()]
 
 
-def cnn(tf: Any) -> dict[str, Any]:
-    import keras
-    import numpy as np
-
-    keras.utils.set_random_seed(1)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((64, 16, 16, 3)).astype("float32")
-    y = rng.integers(0, 10, 64)
+def _cnn16(keras: Any) -> Any:
+    """16 same-padded 3x3 convolutions on 16x16x3 images, SGD with momentum, no XLA."""
     layers = [keras.layers.Conv2D(16, 3, padding="same", activation="relu") for _ in range(16)]
     model = keras.Sequential(
         [
@@ -101,6 +95,18 @@ def cnn(tf: Any) -> dict[str, Any]:
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=False,
     )
+    return model
+
+
+def cnn(tf: Any) -> dict[str, Any]:
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 16, 16, 3)).astype("float32")
+    y = rng.integers(0, 10, 64)
+    model = _cnn16(keras)
     history = model.fit(x, y, batch_size=32, epochs=3, verbose=0, shuffle=False)
     return {"loss": _hex(history.history["loss"])}
 
@@ -425,20 +431,7 @@ def keras_fit(tf: Any) -> dict[str, Any]:
 
     train = tf.data.Dataset.from_tensor_slices((x[:128], y[:128])).map(scale).batch(32)
     val = tf.data.Dataset.from_tensor_slices((x[128:], y[128:])).map(scale).batch(32)
-    layers = [keras.layers.Conv2D(16, 3, padding="same", activation="relu") for _ in range(16)]
-    model = keras.Sequential(
-        [
-            keras.Input((16, 16, 3)),
-            *layers,
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(10),
-        ]
-    )
-    model.compile(
-        optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=False,
-    )
+    model = _cnn16(keras)
     norms: list[Any] = []
 
     class KernelNorm(keras.callbacks.Callback):
