@@ -220,10 +220,26 @@ void Engine::Impl::StepBeginLocked() {
 
 void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
   PrefetchState& p = prefetch_;
+  // The previous step's buffers still alive now are two steps old in the
+  // next one, which knows them by id: the finished step's recording, events
+  // and victims name them so, or the next step would match none of their
+  // pins. Weights made before the first step (or by a first step of
+  // initialisers) are such buffers: keyed as the previous step's during the
+  // first training step, by id from the second on, the planner's two-step
+  // replay matched half of ResNet50's pins and followed no plan.
+  std::unordered_map<int64_t, int64_t> aged;
+  for (const auto& entry : p.by_key) {
+    if (entry.first & kPreviousStepBit) aged[entry.first] = -entry.second->id;
+  }
+  auto finished_key = [&](int64_t key) {
+    auto it = aged.find(key);
+    return it == aged.end() ? key : it->second;
+  };
   // Victims noted at positions before `index` are the finished step's; later
   // ones are the new step's, keyed as its pins are (CandidateKey). Done
   // first: the keys are resolved through buffers not yet renumbered.
   std::unordered_map<int64_t, std::vector<size_t>> victims_tail;
+  std::unordered_map<int64_t, std::vector<size_t>> victims_finished;
   for (auto& entry : p.victims_now) {
     std::vector<size_t> before;
     for (size_t at : entry.second) {
@@ -239,7 +255,10 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
       }
       victims_tail[key].push_back(at - index);
     }
-    entry.second = std::move(before);
+    if (!before.empty()) {
+      std::vector<size_t>& v = victims_finished[finished_key(entry.first)];
+      v.insert(v.end(), before.begin(), before.end());
+    }
   }
   // What the new step already pinned and allocated moves over to it: its
   // buffers take their ranks since the candidate's first pin; the finished
@@ -272,6 +291,7 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
   for (const StepEvent& e : p.events) {
     if (e.at < index || !e.in_candidate) {
       finished_events.push_back(e);
+      finished_events.back().key = finished_key(e.key);
       continue;
     }
     StepEvent moved_event = e;
@@ -282,9 +302,10 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
   }
   p.events = std::move(events_tail);
   p.recording.resize(index);
+  for (int64_t& key : p.recording) key = finished_key(key);
   if (!p.recording.empty()) {
     ++counters_.num_prefetch_steps;
-    p.victims_learned = std::move(p.victims_now);
+    p.victims_learned = std::move(victims_finished);
     PlanStepLocked(finished_events);
     if (p.library.size() == kLibrarySize) p.library.erase(p.library.begin());
     p.library.push_back(std::move(p.recording));
