@@ -344,7 +344,7 @@ def test_weights_made_before_the_first_step_are_followed_from_the_second() -> No
             eng.unpin(w)
             eng.unpin(a)
             acts.append(a)
-        for w, a in reversed(list(zip(weights, acts))):
+        for w, a in reversed(list(zip(weights, acts, strict=True))):
             eng.pin(w)
             eng.pin(a)
             eng.compute(per_op)
