@@ -640,7 +640,6 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
     size_t bytes = 0;
     int pins = 0;
     bool resident = false;
-    bool on_host = false;
     size_t next_use = kNever;
     size_t last_unpin = kNever;
   };
@@ -662,8 +661,6 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
   };
   std::unordered_map<int64_t, std::vector<size_t>> victims;
   size_t used = 0;
-  size_t host = 0;       // bytes the plan keeps on the host
-  size_t peak_host = 0;  // their peak in the second pass
   std::vector<std::pair<size_t, int64_t>> pinned_aside;
   for (size_t pass = 0; pass < 2; ++pass) {
     for (size_t e = 0; e < n; ++e) {
@@ -678,15 +675,12 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
         auto it = inst.find(ik);
         if (it != inst.end()) {
           if (it->second.resident) used -= it->second.bytes;
-          if (it->second.on_host) host -= it->second.bytes;
           inst.erase(it);
         }
       } else {
         Inst& s = inst[ik];
         s.bytes = ev.bytes;
         if (!s.resident) {
-          if (s.on_host) host -= s.bytes;
-          s.on_host = false;
           s.resident = true;
           used += s.bytes;
         }
@@ -707,11 +701,8 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
           }
           Inst& v = it->second;
           v.resident = false;
-          v.on_host = true;
           used -= v.bytes;
-          host += v.bytes;
           if (pass == 0) continue;
-          peak_host = std::max(peak_host, host);
           int64_t key = 0;
           if (!next_step_key(top.second, &key)) continue;
           const bool from_before = key < 0 || (key & kPreviousStepBit);
@@ -727,15 +718,13 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
       }
     }
   }
-  if (options_.host_memory_limit > 0 &&
-      peak_host + p.plan_largest > options_.host_memory_limit) {
-    // The plan knows no fragmentation: where it already fills the host pool
-    // to within one buffer, the engine will need more host room than it
-    // planned, and the pool is what runs out. The step's own victims are
-    // followed instead (victims_learned as recorded).
-    p.start_outs.clear();
-    return;
-  }
+  // The plan knows no host limit and no fragmentation. Each planned
+  // page-out leaves the pool room for the step's largest buffer instead
+  // (ShouldPageOutEarlyLocked), so an on-demand reclaim that fragmentation
+  // asks for still finds host room. Dropping the whole plan where its peak
+  // came within one buffer of the pool, as this did before, repeated the
+  // step's own LRU evictions and lost to on-demand paging for UNet3D at
+  // 464^3 on the 80 GB GPUs (H100: 5.99 s against 5.75 s; planned 5.32 s).
   p.victims_learned = std::move(victims);
   p.planned = true;
 }
