@@ -66,6 +66,9 @@ def test_prefetch_hits_and_cuts_the_stall() -> None:
     assert base_stats["num_page_ins"] > 0 and base["compute_stall"] > 0
     assert pre_stats["num_prefetches"] > 0 and pre_stats["prefetch_hits"] > 0
     assert pre["compute_stall"] < 0.5 * base["compute_stall"]
+    # Without prefetch every page-in is made by a pin and the kernel waits for it.
+    assert base_stats["bytes_paged_in_on_demand"] == base_stats["bytes_paged_in"]
+    assert pre_stats["bytes_paged_in_on_demand"] < 0.75 * base_stats["bytes_paged_in_on_demand"]
     assert pre["compute_time"] < base["compute_time"]
 
 

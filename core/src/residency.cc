@@ -596,6 +596,7 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
       }
       TFLMS_RETURN_IF_ERROR(s);
       ++counters_.prefetch_misses;
+      counters_.bytes_paged_in_on_demand += static_cast<int64_t>(b->size);
       continue;
     }
     if (b->early_out && CancelEarlyPageOutLocked(b)) continue;

@@ -44,6 +44,7 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"num_prefetches", num_prefetches},
       {"prefetch_hits", prefetch_hits},
       {"prefetch_misses", prefetch_misses},
+      {"bytes_paged_in_on_demand", bytes_paged_in_on_demand},
       {"num_prefetch_steps", num_prefetch_steps},
       {"prefetch_pins", prefetch_pins},
       {"prefetch_pins_in_order", prefetch_pins_in_order},

@@ -59,6 +59,10 @@ struct EngineStats {
   int64_t num_prefetches = 0;        // page-ins issued ahead of use
   int64_t prefetch_hits = 0;         // pins of a buffer a prefetch brought in
   int64_t prefetch_misses = 0;       // pins that had to page in on demand
+  // Bytes those pins paged in: on a GPU the kernel waits for each such copy
+  // (stream-ordered, so the host does not), which page_in_stall_ns cannot
+  // show; prefetch is meant to shrink it.
+  int64_t bytes_paged_in_on_demand = 0;
   // Step learning: steps told apart (StepBegin, or found from the step ids
   // at the pin sites), pins recorded, and those found in the learned order
   // near where the step had got to. A low share in order means the steps
