@@ -23,9 +23,11 @@ from tflms.planner.replay import (
     swap_bound_s,
 )
 from tflms.planner.yardsticks import (
+    _Link,
     excess_profiles,
     host_bound_ends,
     ideal,
+    ideal_pair,
     lb2_s,
     plan_buffers,
 )
@@ -130,6 +132,31 @@ def test_lb2_pairs_a_copy_out_before_one_peak_with_a_copy_in_after_another() -> 
     # Ideal: A out 0.25-1.25, op1 1.25-1.5, op2 1.5-3.5, op3 3.5-3.75 (D fills the device),
     # A in 3.75-4.75, op4 4.75-5.0. Optimal too: A exists from 0.25 s and D until 3.75 s.
     assert ideal(plan, KB, KIB_PER_S, steps=1).step_time_s == pytest.approx(5.0)
+
+
+def test_in_order_links_hold_a_near_deadline_behind_an_earlier_copy() -> None:
+    """A copy stream runs what was enqueued in order: while X is copied, A (needed far
+    ahead) and then B (needed next) are released; the Ideal's link takes B first, an
+    in-order link A first, so B lands 2 s later."""
+    done = {}
+    for in_order in (False, True):
+        link = _Link(1.0, 0.0, in_order)  # 1 byte per second
+        link.release(0, 0.0, 1, 1)  # X
+        link.release(1, 0.5, 10, 2)  # A
+        link.release(2, 0.5, 2, 1)  # B
+        link.drain()
+        done[in_order] = link.done
+    assert done[False] == {0: 1.0, 2: 2.0, 1: 4.0}
+    assert done[True] == {0: 1.0, 1: 3.0, 2: 4.0}
+
+
+def test_ideal_pair_runs_one_memory_plan_both_ways() -> None:
+    plan = hand_plan(0.5)
+    edf, in_order = ideal_pair(plan, 2 * KB, KIB_PER_S, steps=1)
+    assert edf == ideal(plan, 2 * KB, KIB_PER_S, steps=1)
+    assert in_order == ideal(plan, 2 * KB, KIB_PER_S, steps=1, in_order=True)
+    # One copy each way: nothing to reorder.
+    assert in_order.step_time_s == pytest.approx(edf.step_time_s)
 
 
 def test_everything_fits_ideal_is_compute_and_lb2_is_compute() -> None:
@@ -287,8 +314,12 @@ def test_simulate_reports_both_yardsticks_per_lms_run_and_the_table_shows_them()
         assert run["lb2_ratio"] == pytest.approx(run["step_time_s"] / run["lb2_s"])
         assert run["ideal_ratio"] == pytest.approx(run["step_time_s"] / run["ideal_s"])
         assert run["step_time_s"] >= run["lb2_s"]
+        assert run["ideal_in_order_ratio"] == pytest.approx(
+            run["step_time_s"] / run["ideal_in_order_s"]
+        )
     text = format_simulate(report)
     assert "vs ideal" in text and "vs LB2" in text and "Yardsticks: LB2" in text
+    assert "copies in issue order" in text
     assert "vs roofline" not in text
     rows = overhead_points(chain_trace(), m, [4])
     table = overhead_table(rows)

@@ -156,6 +156,8 @@ def yardstick_lines(lms: Sequence[dict[str, Any]]) -> list[str]:
         if r.get("ideal_s") is not None
         else "no ideal schedule (one op's pinned tensors alone exceed the GPU)"
     )
+    if r.get("ideal_in_order_s") is not None:
+        ideal_txt += f"; the same with copies in issue order {secs(r['ideal_in_order_s'])}"
     return [
         "",
         f"Yardsticks: LB2 {secs(r['lb2_s'])}; {ideal_txt}.",

@@ -38,6 +38,7 @@ copy, and latency x bandwidth is far above the 255 bytes rounding can add (10 us
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 from collections.abc import Iterable, Sequence
@@ -386,19 +387,26 @@ class _MemoryPlan:
 
 
 class _Link:
-    """One copy direction: non-preemptive, earliest deadline first among copies ready to go."""
+    """One copy direction, non-preemptive: earliest deadline first among copies ready to go,
+    or, `in_order`, in the order the copies were released, as a CUDA stream runs what was
+    enqueued on it (a copy that may not start yet holds back every later one)."""
 
-    def __init__(self, bytes_per_s: float, latency_s: float) -> None:
+    def __init__(self, bytes_per_s: float, latency_s: float, in_order: bool = False) -> None:
         self.rate = bytes_per_s
         self.latency = latency_s
+        self.in_order = in_order
         self.free = 0.0
         self.waiting: list[tuple[float, int, int, int]] = []  # (ready, deadline, id, bytes)
         self.ready: list[tuple[int, int, int]] = []  # (deadline, id, bytes)
+        self.queue: collections.deque[tuple[float, int, int]] = collections.deque()
         self.done: dict[int, float] = {}
         self.busy_bytes = 0
 
     def release(self, task: int, ready_t: float, deadline: int, nbytes: int) -> None:
-        heapq.heappush(self.waiting, (ready_t, deadline, task, nbytes))
+        if self.in_order:
+            self.queue.append((ready_t, task, nbytes))
+        else:
+            heapq.heappush(self.waiting, (ready_t, deadline, task, nbytes))
 
     def finish(self, tasks: Iterable[int]) -> float:
         """Runs the link until every one of `tasks` is done; returns when the last one ended."""
@@ -410,11 +418,19 @@ class _Link:
         return latest
 
     def drain(self) -> float:
-        while self.waiting or self.ready:
+        while self.waiting or self.ready or self.queue:
             self._step()
         return self.free
 
     def _step(self) -> None:
+        if self.in_order:
+            if not self.queue:
+                raise RuntimeError("a copy was awaited that was never released")
+            ready_t, task, nbytes = self.queue.popleft()
+            self.free = max(self.free, ready_t) + self.latency + nbytes / self.rate
+            self.done[task] = self.free
+            self.busy_bytes += nbytes
+            return
         while self.waiting and self.waiting[0][0] <= self.free:
             _, deadline, task, nbytes = heapq.heappop(self.waiting)
             heapq.heappush(self.ready, (deadline, task, nbytes))
@@ -437,6 +453,7 @@ def ideal(
     latency_s: float = 0.0,
     steps: int = 2,
     launch_queue_depth: int = 0,
+    in_order: bool = False,
 ) -> IdealResult:
     """An achievable offline schedule of `steps` steps; the last is measured, as the replay does.
 
@@ -457,16 +474,46 @@ def ideal(
     was, and, with `launch_queue_depth` D > 0, not before op i - D has ended; the engine's
     replay uses the same launch time and queue (replay.LAUNCH_QUEUE_DEPTH), so the two are
     compared under one host. The schedule itself never blocks the host on a copy.
+
+    `in_order`: each link runs its copies in the order they were released (ops' order), as
+    the engine's CUDA copy streams do, instead of earliest deadline first.
     """
+    return ideal_pair(
+        plan,
+        device_memory,
+        link_gbps,
+        launch_s,
+        latency_s,
+        steps,
+        launch_queue_depth,
+        orders=(in_order,),
+    )[0]
+
+
+def ideal_pair(
+    plan: StepPlan,
+    device_memory: int,
+    link_gbps: float,
+    launch_s: float = 0.0,
+    latency_s: float = 0.0,
+    steps: int = 2,
+    launch_queue_depth: int = 0,
+    orders: Sequence[bool] = (False, True),
+) -> list[IdealResult]:
+    """ideal() once per entry of `orders` (False: earliest deadline first; True: in order),
+    over one memory plan."""
     b = plan_buffers(plan)
     n = b.ops
     if n == 0:
-        return IdealResult(fits=True)
+        return [IdealResult(fits=True) for _ in orders]
     mp = _MemoryPlan(b, steps, device_memory)
     if not mp.run():
-        return IdealResult(fits=False, oom_op=mp.oom_op % n)
+        return [IdealResult(fits=False, oom_op=mp.oom_op % n) for _ in orders]
     mp.place_copy_ins()
-    return _timeline(plan, mp, link_gbps * 1e9, launch_s, latency_s, launch_queue_depth)
+    return [
+        _timeline(plan, mp, link_gbps * 1e9, launch_s, latency_s, launch_queue_depth, o)
+        for o in orders
+    ]
 
 
 def _timeline(
@@ -476,6 +523,7 @@ def _timeline(
     launch_s: float,
     latency_s: float,
     depth: int = 0,
+    in_order: bool = False,
 ) -> IdealResult:
     n, steps = mp.n, mp.steps
     total = n * steps
@@ -493,8 +541,8 @@ def _timeline(
     for j, c in enumerate(mp.copy_ins):
         issued_at[c.issue].append(j)
         needed_at[c.need].append(j)
-    d2h = _Link(bytes_per_s, latency_s)
-    h2d = _Link(bytes_per_s, latency_s)
+    d2h = _Link(bytes_per_s, latency_s, in_order)
+    h2d = _Link(bytes_per_s, latency_s, in_order)
     t0 = end = stall = launched = 0.0
     d2h_before = h2d_before = 0
     ends: list[float] = []  # this step's op ends, for the launch queue
@@ -544,9 +592,16 @@ class Yardsticks:
 
     lb2_s: float
     ideal: IdealResult
+    # The same schedule with copies run in the order they were issued, as the engine's CUDA
+    # copy streams run them: a yardstick for this engine's design (still no fragmentation).
+    ideal_in_order: IdealResult
 
     def to_json(self) -> dict[str, Any]:
-        return {"lb2_s": self.lb2_s, "ideal": self.ideal.to_json()}
+        return {
+            "lb2_s": self.lb2_s,
+            "ideal": self.ideal.to_json(),
+            "ideal_in_order": self.ideal_in_order.to_json(),
+        }
 
 
 def yardsticks(
@@ -558,17 +613,11 @@ def yardsticks(
     steps: int = 2,
     launch_queue_depth: int = 0,
 ) -> Yardsticks:
+    edf, in_order = ideal_pair(
+        plan, device_memory, link_gbps, launch_s, latency_s, steps, launch_queue_depth
+    )
     return Yardsticks(
-        lb2_s=lb2_s(plan, device_memory, link_gbps, launch_s),
-        ideal=ideal(
-            plan,
-            device_memory,
-            link_gbps,
-            launch_s,
-            latency_s,
-            steps=steps,
-            launch_queue_depth=launch_queue_depth,
-        ),
+        lb2_s=lb2_s(plan, device_memory, link_gbps, launch_s), ideal=edf, ideal_in_order=in_order
     )
 
 
@@ -581,4 +630,9 @@ def annotate(row: dict[str, Any], ys: Yardsticks) -> dict[str, Any]:
     row["lb2_ratio"] = step / ys.lb2_s if step and ys.lb2_s > 0 else None
     ideal_s = row["ideal_s"]
     row["ideal_ratio"] = step / ideal_s if step and ideal_s else None
+    in_order = ys.ideal_in_order
+    row["ideal_in_order_s"] = in_order.step_time_s if in_order.fits else None
+    row["ideal_in_order_ratio"] = (
+        step / row["ideal_in_order_s"] if step and row["ideal_in_order_s"] else None
+    )
     return row
