@@ -44,6 +44,21 @@ def toy_step(eng: tflms.Engine, between: Callable[[], None] = lambda: None) -> N
         eng.free(a)
 
 
+def forward_with_weights(
+    eng: tflms.Engine, weights: list[tflms.Buffer], size: int, per_op: float
+) -> list[tflms.Buffer]:
+    """One op per weight: reads it and makes an activation of `size` bytes, kept."""
+    acts = []
+    for w in weights:
+        eng.pin(w)
+        a = eng.allocate(size, pinned=True)
+        eng.compute(per_op)
+        eng.unpin(w)
+        eng.unpin(a)
+        acts.append(a)
+    return acts
+
+
 def run_steps(prefetch: bool, steps: int = 3) -> tuple[dict[str, float], dict[str, int]]:
     """A toy training step: forward keeps 24 activations, backward reads them in reverse."""
     eng = modelled_engine(prefetch)
@@ -113,14 +128,7 @@ def run_two_function_steps(marking: str, steps: int = 5) -> tuple[dict[str, int]
         before = eng.stats()["prefetch_hits"]
         step_id += 1
         enter(step_id)  # the gradient function
-        acts = []
-        for w in weights[:4]:
-            eng.pin(w)
-            a = eng.allocate(size, pinned=True)
-            eng.compute(per_op)
-            eng.unpin(w)
-            eng.unpin(a)
-            acts.append(a)
+        acts = forward_with_weights(eng, weights[:4], size, per_op)
         for _ in range(12):
             a = eng.allocate(size, pinned=True)
             eng.compute(per_op)
@@ -339,14 +347,7 @@ def test_weights_made_before_the_first_step_are_followed_from_the_second() -> No
     for step in range(2):
         eng.step_begin()
         before = eng.stats()
-        acts = []
-        for w in weights:
-            eng.pin(w)
-            a = eng.allocate(size, pinned=True)
-            eng.compute(per_op)
-            eng.unpin(w)
-            eng.unpin(a)
-            acts.append(a)
+        acts = forward_with_weights(eng, weights, size, per_op)
         for w, a in reversed(list(zip(weights, acts, strict=True))):
             eng.pin(w)
             eng.pin(a)

@@ -27,9 +27,9 @@ from tflms.planner.yardsticks import (
     excess_profiles,
     host_bound_ends,
     ideal,
-    ideal_pair,
     lb2_s,
     plan_buffers,
+    yardsticks,
 )
 from tflms.trace.format import OpInfo, TensorInfo, Trace
 
@@ -150,13 +150,14 @@ def test_in_order_links_hold_a_near_deadline_behind_an_earlier_copy() -> None:
     assert done[True] == {0: 1.0, 1: 3.0, 2: 4.0}
 
 
-def test_ideal_pair_runs_one_memory_plan_both_ways() -> None:
+def test_in_order_ideal_of_one_copy_each_way_is_the_ideal() -> None:
     plan = hand_plan(0.5)
-    edf, in_order = ideal_pair(plan, 2 * KB, KIB_PER_S, steps=1)
-    assert edf == ideal(plan, 2 * KB, KIB_PER_S, steps=1)
-    assert in_order == ideal(plan, 2 * KB, KIB_PER_S, steps=1, in_order=True)
+    edf = ideal(plan, 2 * KB, KIB_PER_S, steps=1)
+    in_order = ideal(plan, 2 * KB, KIB_PER_S, steps=1, in_order=True)
     # One copy each way: nothing to reorder.
-    assert in_order.step_time_s == pytest.approx(edf.step_time_s)
+    assert in_order == edf
+    ys = yardsticks(plan, 2 * KB, KIB_PER_S, 0.0, 0.0, steps=1)
+    assert ys.ideal == edf and ys.ideal_in_order == in_order
 
 
 def test_everything_fits_ideal_is_compute_and_lb2_is_compute() -> None:

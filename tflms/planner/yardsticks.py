@@ -478,42 +478,22 @@ def ideal(
     `in_order`: each link runs its copies in the order they were released (ops' order), as
     the engine's CUDA copy streams do, instead of earliest deadline first.
     """
-    return ideal_pair(
-        plan,
-        device_memory,
-        link_gbps,
-        launch_s,
-        latency_s,
-        steps,
-        launch_queue_depth,
-        orders=(in_order,),
-    )[0]
+    mp = _memory_plan(plan, device_memory, steps)
+    if isinstance(mp, IdealResult):
+        return mp
+    return _timeline(plan, mp, link_gbps * 1e9, launch_s, latency_s, launch_queue_depth, in_order)
 
 
-def ideal_pair(
-    plan: StepPlan,
-    device_memory: int,
-    link_gbps: float,
-    launch_s: float = 0.0,
-    latency_s: float = 0.0,
-    steps: int = 2,
-    launch_queue_depth: int = 0,
-    orders: Sequence[bool] = (False, True),
-) -> list[IdealResult]:
-    """ideal() once per entry of `orders` (False: earliest deadline first; True: in order),
-    over one memory plan."""
+def _memory_plan(plan: StepPlan, device_memory: int, steps: int) -> _MemoryPlan | IdealResult:
+    """The Ideal's evictions and copies in, or why there is no schedule (IdealResult)."""
     b = plan_buffers(plan)
-    n = b.ops
-    if n == 0:
-        return [IdealResult(fits=True) for _ in orders]
+    if b.ops == 0:
+        return IdealResult(fits=True)
     mp = _MemoryPlan(b, steps, device_memory)
     if not mp.run():
-        return [IdealResult(fits=False, oom_op=mp.oom_op % n) for _ in orders]
+        return IdealResult(fits=False, oom_op=mp.oom_op % b.ops)
     mp.place_copy_ins()
-    return [
-        _timeline(plan, mp, link_gbps * 1e9, launch_s, latency_s, launch_queue_depth, o)
-        for o in orders
-    ]
+    return mp
 
 
 def _timeline(
@@ -613,9 +593,14 @@ def yardsticks(
     steps: int = 2,
     launch_queue_depth: int = 0,
 ) -> Yardsticks:
-    edf, in_order = ideal_pair(
-        plan, device_memory, link_gbps, launch_s, latency_s, steps, launch_queue_depth
-    )
+    mp = _memory_plan(plan, device_memory, steps)
+    if isinstance(mp, IdealResult):
+        edf = in_order = mp
+    else:
+        edf, in_order = (
+            _timeline(plan, mp, link_gbps * 1e9, launch_s, latency_s, launch_queue_depth, o)
+            for o in (False, True)
+        )
     return Yardsticks(
         lb2_s=lb2_s(plan, device_memory, link_gbps, launch_s), ideal=edf, ideal_in_order=in_order
     )
