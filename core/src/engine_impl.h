@@ -303,6 +303,9 @@ class Engine::Impl {
   // the learned order, the previous step paged it out between here and its
   // next use. Not in fixed-address mode.
   bool ShouldPageOutEarlyLocked(const Buffer* b) const;
+  // Whether paging `b` out by the plan leaves the host pool room for the
+  // planned step's largest buffer (the plan knows no host limit).
+  bool PlannedPageOutLeavesRoomLocked(const Buffer* b) const;
   // A victim paged out now (single, fragment or full reclaim, or early):
   // the next step pages it out early at its last use before this point.
   // A page-out that did not complete (copy, sync or unmap failed): the chunk

@@ -362,18 +362,7 @@ bool Engine::Impl::ShouldPageOutEarlyLocked(const Buffer* b) const {
   const size_t next = NextUse(b);
   const size_t cursor = InCandidateStep() ? p.candidate_cursor : p.cursor;
   const bool plan = FollowingPlan();
-  if (plan && options_.host_memory_limit > 0) {
-    // The plan knows no host limit: it leaves the host pool room for the
-    // step's largest buffer, which an on-demand reclaim may still need
-    // where fragmentation asks for more than the plan evicted (UNet3D on
-    // an 80 GB GPU filled a 128 GiB pool otherwise).
-    const size_t host_used =
-        static_cast<size_t>(counters_.current_bytes_reclaimed) +
-        p.early_out_bytes;
-    if (host_used + b->size + p.plan_largest > options_.host_memory_limit) {
-      return false;
-    }
-  }
+  if (plan && !PlannedPageOutLeavesRoomLocked(b)) return false;
   if (next == SIZE_MAX) {
     // Not pinned again this step. A step's own tensor is freed before it
     // is needed again. A buffer that outlives steps is next needed in the
@@ -400,6 +389,18 @@ bool Engine::Impl::ShouldPageOutEarlyLocked(const Buffer* b) const {
     if (at >= cursor && at < next) return true;
   }
   return false;
+}
+
+bool Engine::Impl::PlannedPageOutLeavesRoomLocked(const Buffer* b) const {
+  // The room is for the step's largest buffer, which an on-demand reclaim
+  // may still need where fragmentation asks for more than the plan evicted
+  // (UNet3D on an 80 GB GPU filled a 128 GiB pool otherwise).
+  if (options_.host_memory_limit == 0) return true;
+  const size_t host_used =
+      static_cast<size_t>(counters_.current_bytes_reclaimed) +
+      prefetch_.early_out_bytes;
+  return host_used + b->size + prefetch_.plan_largest <=
+         options_.host_memory_limit;
 }
 
 void Engine::Impl::NoteVictimLocked(const Buffer* v) {
@@ -720,11 +721,12 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
   }
   // The plan knows no host limit and no fragmentation. Each planned
   // page-out leaves the pool room for the step's largest buffer instead
-  // (ShouldPageOutEarlyLocked), so an on-demand reclaim that fragmentation
-  // asks for still finds host room. Dropping the whole plan where its peak
-  // came within one buffer of the pool, as this did before, repeated the
-  // step's own LRU evictions and lost to on-demand paging for UNet3D at
-  // 464^3 on the 80 GB GPUs (H100: 5.99 s against 5.75 s; planned 5.32 s).
+  // (PlannedPageOutLeavesRoomLocked), so an on-demand reclaim that
+  // fragmentation asks for still finds host room. Dropping the whole plan
+  // where its peak came within one buffer of the pool, as this did before,
+  // repeated the step's own LRU evictions and lost to on-demand paging for
+  // UNet3D at 464^3 on the 80 GB GPUs (H100: 5.99 s against 5.75 s; planned
+  // 5.32 s).
   p.victims_learned = std::move(victims);
   p.planned = true;
 }
@@ -738,12 +740,7 @@ void Engine::Impl::StartPlannedPageOutsLocked(
     Buffer* b = BufferForKeyLocked(key, InCandidateStep());
     if (b == nullptr) continue;
     if (!Reclaimable(b) || b->last_use_epoch == 0) continue;
-    if (options_.host_memory_limit > 0 &&
-        static_cast<size_t>(counters_.current_bytes_reclaimed) +
-                p.early_out_bytes + b->size + p.plan_largest >
-            options_.host_memory_limit) {
-      continue;  // room kept for on-demand reclaims (see above)
-    }
+    if (!PlannedPageOutLeavesRoomLocked(b)) continue;
     StartEarlyPageOut(lock, b);  // releases mu_ meanwhile
   }
 }
