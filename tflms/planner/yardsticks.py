@@ -427,9 +427,8 @@ class _Link:
             if not self.queue:
                 raise RuntimeError("a copy was awaited that was never released")
             ready_t, task, nbytes = self.queue.popleft()
-            self.free = max(self.free, ready_t) + self.latency + nbytes / self.rate
-            self.done[task] = self.free
-            self.busy_bytes += nbytes
+            self.free = max(self.free, ready_t)
+            self._copy(task, nbytes)
             return
         while self.waiting and self.waiting[0][0] <= self.free:
             _, deadline, task, nbytes = heapq.heappop(self.waiting)
@@ -440,6 +439,10 @@ class _Link:
             self.free = self.waiting[0][0]  # idle until the next copy may start
             return
         _, task, nbytes = heapq.heappop(self.ready)
+        self._copy(task, nbytes)
+
+    def _copy(self, task: int, nbytes: int) -> None:
+        """Runs one copy from `free` on."""
         self.free += self.latency + nbytes / self.rate
         self.done[task] = self.free
         self.busy_bytes += nbytes
