@@ -30,13 +30,31 @@ def toy_step(eng: tflms.Engine, between: Callable[[], None] = lambda: None) -> N
     computes a little longer than one copy. `between` runs before each allocation."""
     act = 8 * MiB
     per_op = act / 24e9 * 1.5
+    acts = keep_activations(eng, 24, act, per_op, between)
+    read_back_and_free(eng, acts, per_op)
+
+
+def keep_activations(
+    eng: tflms.Engine,
+    count: int,
+    size: int,
+    per_op: float,
+    between: Callable[[], None] = lambda: None,
+) -> list[tflms.Buffer]:
+    """`count` ops, each making an activation of `size` bytes that is kept; `between` runs
+    before each allocation."""
     acts = []
-    for _ in range(24):
+    for _ in range(count):
         between()
-        a = eng.allocate(act, pinned=True)
+        a = eng.allocate(size, pinned=True)
         eng.compute(per_op)
         eng.unpin(a)
         acts.append(a)
+    return acts
+
+
+def read_back_and_free(eng: tflms.Engine, acts: list[tflms.Buffer], per_op: float) -> None:
+    """The backward pass: each activation read once, in reverse, then freed."""
     for a in reversed(acts):
         eng.pin(a)
         eng.compute(per_op)
@@ -129,16 +147,8 @@ def run_two_function_steps(marking: str, steps: int = 5) -> tuple[dict[str, int]
         step_id += 1
         enter(step_id)  # the gradient function
         acts = forward_with_weights(eng, weights[:4], size, per_op)
-        for _ in range(12):
-            a = eng.allocate(size, pinned=True)
-            eng.compute(per_op)
-            eng.unpin(a)
-            acts.append(a)
-        for a in reversed(acts):
-            eng.pin(a)
-            eng.compute(per_op)
-            eng.unpin(a)
-            eng.free(a)
+        acts += keep_activations(eng, 12, size, per_op)
+        read_back_and_free(eng, acts, per_op)
         hits.append(eng.stats()["prefetch_hits"] - before)
         before = eng.stats()["prefetch_hits"]
         step_id += 1
