@@ -345,10 +345,11 @@ def test_prefetch_follows_steps_whose_allocation_order_shifts() -> None:
 
 
 def test_weights_made_before_the_first_step_are_followed_from_the_second() -> None:
-    """Weights allocated before any step are the previous step's during the first and
-    known by id from the second on; the first step's order must name them so, or the
-    second matches none of their pins (the planner replays two steps and measures the
-    second: ResNet50 matched half its pins and followed no plan)."""
+    """Weights allocated before any step are an earlier step's buffers from the first
+    step on and keep that key; the first step's order must name them as the second
+    knows them, or the second matches none of their pins (the planner replays two steps
+    and measures the second: ResNet50 once matched half its pins and followed no
+    plan)."""
     eng = modelled_engine(True)
     size = 4 * MiB
     per_op = size / 24e9 * 1.5
@@ -374,3 +375,126 @@ def test_weights_made_before_the_first_step_are_followed_from_the_second() -> No
     assert second["num_page_ins"] > 0
     assert second["prefetch_hits"] >= second["num_page_ins"] // 2
     eng.check_invariants()
+
+
+def run_interrupted_steps(interrupt: bool, steps: int = 6) -> dict[str, int]:
+    """Training steps found from step ids alone; with `interrupt`, kernels of other ids
+    (an input pipeline's, each call its own id) pin a small buffer at places that differ
+    from step to step, between the step's own kernels. Returns the last step's stats."""
+    import random
+
+    rng = random.Random(5)
+    eng = modelled_engine(True)
+    size = 4 * MiB
+    per_op = size / 24e9 * 1.5
+    # 20 weights read first: the step is confirmed (16 pins of its id in a row) before
+    # the pipeline's kernels come in.
+    weights = [eng.allocate(MiB, pinned=False) for _ in range(20)]
+    batch = eng.allocate(64 * 1024, pinned=False)
+    foreign = 1000
+    last: dict[str, int] = {}
+    for step in range(steps):
+        own = step + 1
+
+        def pipeline(own: int = own) -> None:
+            nonlocal foreign
+            if interrupt and rng.random() < 0.3:
+                foreign += 1
+                eng.note_step_id(foreign)
+                eng.pin(batch)
+                eng.unpin(batch)
+                eng.note_step_id(own)
+
+        eng.note_step_id(own)
+        before = eng.stats()
+        acts = forward_with_weights(eng, weights, MiB, per_op)
+        acts += keep_activations(eng, 12, size, per_op, pipeline)
+        read_back_and_free(eng, acts, per_op)
+        after = eng.stats()
+        last = {k: after[k] - before[k] for k in after}
+    eng.check_invariants()
+    return last
+
+
+def test_pins_of_other_ids_inside_a_step_do_not_shift_its_order() -> None:
+    # An input pipeline's kernels run on their own threads while the step runs. Kept
+    # in the learned order, their pins sat elsewhere in every step, and each pin of the
+    # step between the two places was found too far from where it was expected (the
+    # CPU harness's Keras fit had 50-69% of its pins in order). They are dropped from
+    # the order once the step's own id pins again, and count neither way.
+    clean = run_interrupted_steps(interrupt=False)
+    noisy = run_interrupted_steps(interrupt=True)
+    assert clean["prefetch_pins_in_order"] == clean["prefetch_pins"] > 0
+    assert noisy["prefetch_pins"] == clean["prefetch_pins"], (noisy, clean)
+    assert noisy["prefetch_pins_in_order"] >= noisy["prefetch_pins"] - 2, noisy
+    assert noisy["prefetch_hits"] >= 0.9 * clean["prefetch_hits"], (noisy, clean)
+
+
+def test_weights_a_step_replaced_keep_their_keys_across_a_validation_step() -> None:
+    """Keras's optimizer assigns each weight a new buffer every training step. Between
+    training steps a validation step (its own function) reads them and makes none of
+    their size. Once the training step after it is confirmed (its 16th pin), it follows
+    the training steps' order, not the validation's just recorded, and knows the
+    weights as the training step before it did (they were known by id once two steps
+    old, and none of the optimizer's pins matched)."""
+    eng = modelled_engine(True)
+    size = 4 * MiB
+    act = 3 * MiB
+    per_op = act / 24e9 * 1.5
+    weights = [eng.allocate(size, pinned=False) for _ in range(6)]
+    # Each function first reads its own input batch, which tells their orders apart.
+    train_batch, val_batch = (eng.allocate(64 * 1024, pinned=False) for _ in range(2))
+    step_id = 0
+    after_validation: list[dict[str, int]] = []
+
+    def train() -> dict[str, int]:
+        """One training step; the stats from its 16th pin (where it is confirmed) on."""
+        nonlocal weights, step_id
+        step_id += 1
+        eng.note_step_id(step_id)
+        eng.pin(train_batch)
+        eng.unpin(train_batch)
+        acts = forward_with_weights(eng, weights, act, per_op)  # 7 pins so far
+        acts += keep_activations(eng, 10, act, per_op)
+        confirmed: dict[str, int] = {}
+        for i, a in enumerate(reversed(acts)):
+            eng.pin(a)
+            if i == 8:
+                confirmed = eng.stats()
+            eng.compute(per_op)
+            eng.unpin(a)
+            eng.free(a)
+        replaced = []
+        for w in weights:  # the optimizer: a new buffer per weight
+            eng.pin(w)
+            new = eng.allocate(size, pinned=True)
+            eng.compute(per_op)
+            eng.unpin(new)
+            eng.unpin(w)
+            eng.free(w)
+            replaced.append(new)
+        weights = replaced
+        after = eng.stats()
+        return {k: after[k] - confirmed[k] for k in after}
+
+    def validate() -> None:
+        nonlocal step_id
+        step_id += 1
+        eng.note_step_id(step_id)
+        eng.pin(val_batch)
+        eng.unpin(val_batch)
+        acts = forward_with_weights(eng, weights, act // 2, per_op)
+        acts += keep_activations(eng, 12, act // 2, per_op)
+        read_back_and_free(eng, acts, per_op)
+
+    for epoch in range(4):
+        for i in range(3):
+            stats = train()
+            if i == 0 and epoch > 0:
+                after_validation.append(stats)
+        validate()
+    eng.check_invariants()
+    for stats in after_validation:
+        # 7 pins of the backward pass after the 16th, then the optimizer's 6.
+        assert stats["prefetch_pins"] == 13, stats
+        assert stats["prefetch_pins_in_order"] == 13, stats

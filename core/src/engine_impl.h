@@ -278,6 +278,8 @@ class Engine::Impl {
   void NoteStepId(int64_t step_id);
   // Makes library[index] the order this step follows.
   void FollowRecording(size_t index);
+  // The library recording a step whose first pin has `key` follows.
+  size_t RecordingStartingWith(int64_t key) const;
   // Moves *cursor past the occurrence of `key` in the learned order nearest
   // to it (cursor unchanged when none is within the resync window); true
   // when that occurrence is close enough to count as in order.
@@ -299,6 +301,13 @@ class Engine::Impl {
   Buffer* BufferForKeyLocked(int64_t key, bool in_candidate) const;
   // Forgets the candidate step and its allocation ranks.
   void DropCandidateLocked();
+  // The step's own id pinned again after other ids did: their pins were
+  // work running beside the step, not part of its order (ForgetInterruption)
+  // or, once one of them began a step or the step was marked, kept (Keep).
+  void ForgetInterruptionLocked();
+  void KeepInterruptionLocked();
+  // Counts a pin's match in the order's trust and the statistics.
+  void NoteMatchLocked(bool found);
   // Whether inactive `b`, just unpinned, should be paged out now: following
   // the learned order, the previous step paged it out between here and its
   // next use. Not in fixed-address mode.
@@ -570,6 +579,15 @@ class Engine::Impl {
     size_t candidate_index = 0;
     int64_t candidate_ordinal = 0;
     size_t candidate_cursor = 0;  // its position in `learned`
+    // Pins of other ids since the step's own id last pinned (an
+    // interruption): where they began in `recording` and `events`, and how
+    // many were matched and found in order (counted once the span is kept).
+    bool interrupted = false;
+    size_t interruption_index = 0;
+    size_t interruption_events = 0;
+    uint64_t interruption_bits = 0;
+    int interruption_pins = 0;
+    int interruption_in_order = 0;
     // Whether each of the last (up to 64) pins was found in `learned`, the
     // newest in the lowest bit.
     uint64_t found_bits = 0;

@@ -9,11 +9,12 @@
 // host-to-device copies overlap the compute in between instead of stalling
 // the op that needs them (TFLMS v2 only paged in on demand).
 //
-// Identity across steps: tensors are new objects every step, so a buffer of
-// the current or the previous step is known by its size and its rank among
-// the allocations of that size in its step (StepKey; the previous step's
-// with a flag, e.g. a batch an input pipeline made during it); older buffers
-// (weights, optimizer slots) are known by their id. TensorFlow's executor
+// Identity across steps: tensors are new objects every step, so a buffer
+// made in a step is known by its size and its rank among the allocations of
+// that size in its step (StepKey; with a flag once that step is over, e.g.
+// a batch an input pipeline made during it, or a weight the optimizer
+// replaced), which it keeps for life unless a later step's buffer takes the
+// same key; one that gave its key up is known by its id from then on. TensorFlow's executor
 // does not allocate in the same order every step (parallel loop iterations,
 // other threads' kernels), and an ordinal within the step shifted with every
 // extra or reordered allocation; a rank per size shifts only with that size's.
@@ -76,6 +77,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <queue>
+#include <unordered_set>
 
 #include "engine_impl.h"
 
@@ -117,14 +119,14 @@ int64_t StepKey(bool previous, size_t size, int64_t rank) {
 
 int64_t Engine::Impl::PrefetchKey(const Buffer* b) const {
   const int64_t age = prefetch_.step - b->step_created;
-  if (b->step_ordinal < 0 || age < 0 || age > 1) return -b->id;
-  return StepKey(age == 1, b->size, b->size_rank);
+  if (b->step_ordinal < 0 || age < 0) return -b->id;
+  return StepKey(age >= 1, b->size, b->size_rank);
 }
 
 int64_t Engine::Impl::CandidateKey(const Buffer* b) const {
   const PrefetchState& p = prefetch_;
-  if (b->step_ordinal < 0 || b->step_created != p.step) return -b->id;
-  if (b->step_ordinal >= p.candidate_ordinal) {
+  if (b->step_ordinal < 0) return -b->id;
+  if (b->step_created == p.step && b->step_ordinal >= p.candidate_ordinal) {
     return StepKey(false, b->size, b->candidate_rank);
   }
   return StepKey(true, b->size, b->size_rank);
@@ -139,7 +141,9 @@ Buffer* Engine::Impl::BufferForKeyLocked(int64_t key, bool in_candidate) const {
   }
   if (in_candidate) {
     if (key & kPreviousStepBit) {
-      key &= ~kPreviousStepBit;  // this step's, as keyed now
+      // This step's, as keyed now, or an older step's that kept its key.
+      auto own = map->find(key & ~kPreviousStepBit);
+      if (own != map->end()) return own->second;
     } else {
       map = &p.candidate_by_key;
     }
@@ -192,7 +196,15 @@ void Engine::Impl::NoteStepId(int64_t step_id) {
   }
   if (step_id == p.dominant_id) {
     DropCandidateLocked();  // an interruption, not a new step
-  } else if (!p.has_candidate || step_id != p.candidate_id) {
+    ForgetInterruptionLocked();
+    return;
+  }
+  if (!p.interrupted) {
+    p.interrupted = true;
+    p.interruption_index = p.recording.size();
+    p.interruption_events = p.events.size();
+  }
+  if (!p.has_candidate || step_id != p.candidate_id) {
     DropCandidateLocked();
     p.has_candidate = true;
     p.candidate_id = step_id;
@@ -201,6 +213,63 @@ void Engine::Impl::NoteStepId(int64_t step_id) {
     p.candidate_ordinal = p.next_ordinal;
     p.candidate_cursor = 0;
   }
+}
+
+void Engine::Impl::ForgetInterruptionLocked() {
+  PrefetchState& p = prefetch_;
+  if (!p.interrupted) return;
+  p.interrupted = false;
+  // Kernels of other ids that ran while the step's own id returned after
+  // them (an input pipeline's functions on its own threads) pin at places
+  // that differ from step to step. Left in the recording, they shifted the
+  // learned order under every pin of the step between where they came in
+  // the recorded step and where they come in this one (each pin then more
+  // than kNearPins away): in a Keras fit over tf.data on the CPU harness,
+  // only 50-69% of the pins were found in order. Their memory events stay,
+  // at the place where the step's own pins resume.
+  const size_t at = p.interruption_index;
+  p.recording.resize(at);
+  for (size_t i = p.interruption_events; i < p.events.size(); ++i) {
+    p.events[i].at = std::min(p.events[i].at, at);
+    p.events[i].in_candidate = false;
+  }
+  for (auto& entry : p.victims_now) {
+    for (size_t& v : entry.second) v = std::min(v, at);
+  }
+  p.interruption_bits = 0;
+  p.interruption_pins = 0;
+  p.interruption_in_order = 0;
+}
+
+void Engine::Impl::KeepInterruptionLocked() {
+  PrefetchState& p = prefetch_;
+  if (!p.interrupted) return;
+  p.interrupted = false;
+  // Their matches count as they came, oldest first.
+  for (int i = std::min(p.interruption_pins, 64) - 1; i >= 0; --i) {
+    p.found_bits = (p.found_bits << 1) | ((p.interruption_bits >> i) & 1);
+    p.found_history = std::min(p.found_history + 1, 64);
+  }
+  counters_.prefetch_pins += p.interruption_pins;
+  counters_.prefetch_pins_in_order += p.interruption_in_order;
+  p.interruption_bits = 0;
+  p.interruption_pins = 0;
+  p.interruption_in_order = 0;
+}
+
+void Engine::Impl::NoteMatchLocked(bool found) {
+  PrefetchState& p = prefetch_;
+  if (p.interrupted) {
+    // Counted once it is known whether these pins belong to the step.
+    p.interruption_bits = (p.interruption_bits << 1) | (found ? 1 : 0);
+    ++p.interruption_pins;
+    if (found) ++p.interruption_in_order;
+    return;
+  }
+  ++counters_.prefetch_pins;
+  if (found) ++counters_.prefetch_pins_in_order;
+  p.found_bits = (p.found_bits << 1) | (found ? 1 : 0);
+  p.found_history = std::min(p.found_history + 1, 64);
 }
 
 void Engine::Impl::FollowRecording(size_t index) {
@@ -215,21 +284,32 @@ void Engine::Impl::FollowRecording(size_t index) {
 
 void Engine::Impl::StepBeginLocked() {
   DropCandidateLocked();  // nothing moves over: the step begins here
+  KeepInterruptionLocked();
   SplitStepLocked(prefetch_.recording.size(), prefetch_.next_ordinal);
 }
 
 void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
   PrefetchState& p = prefetch_;
-  // The previous step's buffers still alive now are two steps old in the
-  // next one, which knows them by id: the finished step's recording, events
-  // and victims name them so, or the next step would match none of their
-  // pins. Weights made before the first step (or by a first step of
-  // initialisers) are such buffers: keyed as the previous step's during the
-  // first training step, by id from the second on, the planner's two-step
-  // replay matched half of ResNet50's pins and followed no plan.
+  // A buffer that outlives the step it was made in keeps the key it had
+  // there (size and rank, as an earlier step's) for as long as it lives,
+  // however many steps pass: a step that makes none of that size in between
+  // (a validation step between two training steps, which reads the weights
+  // the last training step made) must not change how the next one knows
+  // them. Keying such buffers by id from their second step on matched none
+  // of the weights' pins in the first training step after each validation
+  // of a Keras fit (28% of its pins in order), nor in the step after that,
+  // whose recording knew them by id. Only where one of the finished step's
+  // buffers takes the same key is the older one known by id instead; the
+  // finished step's recording, events and victims name it so.
   std::unordered_map<int64_t, int64_t> aged;
   for (const auto& entry : p.by_key) {
-    if (entry.first & kPreviousStepBit) aged[entry.first] = -entry.second->id;
+    const Buffer* b = entry.second;
+    if (!(entry.first & kPreviousStepBit) || b->step_ordinal < 0) continue;
+    auto own = p.by_key.find(entry.first & ~kPreviousStepBit);
+    if (own != p.by_key.end() && own->second->step_created == p.step &&
+        own->second->step_ordinal < ordinal_base) {
+      aged[entry.first] = -b->id;
+    }
   }
   auto finished_key = [&](int64_t key) {
     auto it = aged.find(key);
@@ -262,13 +342,15 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
   }
   // What the new step already pinned and allocated moves over to it: its
   // buffers take their ranks since the candidate's first pin; the finished
-  // step's buffers that are still alive become the previous step's, and the
-  // previous step's long-lived, known by id.
+  // step's buffers that are still alive become an earlier step's, and older
+  // ones keep their keys unless aged above.
   std::unordered_map<int64_t, Buffer*> by_key;
   for (auto& entry : p.by_key) {
     Buffer* b = entry.second;
-    if (b->step_created != p.step || b->step_ordinal < 0) {
+    if (b->step_ordinal < 0 || aged.count(entry.first) != 0) {
       b->step_ordinal = -1;
+    } else if (b->step_created != p.step) {
+      by_key[entry.first] = b;
     } else if (b->step_ordinal >= ordinal_base) {
       b->step_ordinal -= ordinal_base;
       b->step_created = p.step + 1;
@@ -368,8 +450,9 @@ bool Engine::Impl::ShouldPageOutEarlyLocked(const Buffer* b) const {
     // is needed again. A buffer that outlives steps is next needed in the
     // next step: the plan pages it out now if it evicts it after this
     // point, or in the next step before its first pin there.
-    if (!plan || MatchKey(b) >= 0) return false;
-    auto first = p.positions.find(MatchKey(b));
+    const int64_t key = MatchKey(b);
+    if (!plan || (key >= 0 && !(key & kPreviousStepBit))) return false;
+    auto first = p.positions.find(key);
     const size_t first_pin =
         first == p.positions.end() ? 0 : first->second.front();
     for (size_t at : it->second) {
@@ -429,6 +512,25 @@ void Engine::Impl::ForgetBufferForPrefetch(Buffer* b) {
   }
 }
 
+size_t Engine::Impl::RecordingStartingWith(int64_t key) const {
+  // The recording in which the key comes earliest, within kResyncWindow of
+  // its start (the newest on a tie); SIZE_MAX if none.
+  const PrefetchState& p = prefetch_;
+  size_t best = SIZE_MAX, best_at = kResyncWindow;
+  for (size_t c = p.library.size(); c-- > 0;) {
+    const std::vector<int64_t>& keys = p.library[c];
+    const size_t n = std::min(keys.size(), best_at);
+    for (size_t i = 0; i < n; ++i) {
+      if (keys[i] == key) {
+        best = c;
+        best_at = i;
+        break;
+      }
+    }
+  }
+  return best;
+}
+
 bool Engine::Impl::AdvanceCursorLocked(int64_t key, size_t* cursor) const {
   // The occurrence of the key nearest the cursor, up to kResyncWindow pins
   // either way. Looking only forward let a key that recurs (a weight read
@@ -470,9 +572,21 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
     // A new step id that pinned enough in a row: its step began where the id
     // first appeared.
     p.dominant_id = p.candidate_id;
-    const size_t reached = p.candidate_cursor;
+    KeepInterruptionLocked();
     SplitStepLocked(p.candidate_index, p.candidate_ordinal);
-    p.cursor = reached;
+    // The candidate's pins were matched against the order the step before
+    // followed. The step they begin follows the recording that starts with
+    // its first pin, from where its pins so far lead: a Keras training step
+    // after a validation step followed the validation's order (the step
+    // just recorded) and found none of its backward pass's pins there.
+    if (!p.recording.empty()) {
+      const size_t best = RecordingStartingWith(p.recording.front());
+      if (best != SIZE_MAX && best != p.library.size() - 1) {
+        FollowRecording(best);
+      }
+    }
+    p.cursor = 0;
+    for (int64_t k : p.recording) AdvanceCursorLocked(k, &p.cursor);
     p.choosing = false;
   }
   std::vector<Buffer*> plan;
@@ -483,20 +597,7 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
   const int64_t match_key = MatchKey(b);
   size_t& cursor = in_candidate ? p.candidate_cursor : p.cursor;
   if (p.choosing && !in_candidate) {
-    // The recording in which this pin comes earliest (the newest on a tie)
-    // is the order this step follows.
-    size_t best = SIZE_MAX, best_at = kResyncWindow;
-    for (size_t c = p.library.size(); c-- > 0;) {
-      const std::vector<int64_t>& keys = p.library[c];
-      const size_t n = std::min(keys.size(), best_at);
-      for (size_t i = 0; i < n; ++i) {
-        if (keys[i] == key) {
-          best = c;
-          best_at = i;
-          break;
-        }
-      }
-    }
+    const size_t best = RecordingStartingWith(key);
     if (best != SIZE_MAX) {
       p.choosing = false;
       if (best != p.library.size() - 1) FollowRecording(best);
@@ -506,10 +607,7 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
   }
   if (p.learned.empty()) return plan;
   const bool found = AdvanceCursorLocked(match_key, &cursor);
-  ++counters_.prefetch_pins;
-  if (found) ++counters_.prefetch_pins_in_order;
-  p.found_bits = (p.found_bits << 1) | (found ? 1 : 0);
-  p.found_history = std::min(p.found_history + 1, 64);
+  NoteMatchLocked(found);
   if (!found || !FollowingLearnedOrder()) return plan;
   size_t budget_left = options_.prefetch_budget_bytes > p.inflight_bytes
                            ? options_.prefetch_budget_bytes - p.inflight_bytes
@@ -560,7 +658,6 @@ void Engine::Impl::RunPrefetch(std::unique_lock<std::mutex>& lock,
     // Evicting for a prefetch must not push out what is needed before it.
     const size_t needed_at = NextUse(b);
     // Over the budget: only into free memory (NotePinAndPlan).
-    // Over the budget: only into free memory (NotePinAndPlan).
     Status s = PageIn(lock, b, /*for_prefetch=*/true,
                       needed_at == SIZE_MAX ? 0 : needed_at,
                       /*no_reclaim=*/b->size > options_.prefetch_budget_bytes);
@@ -607,34 +704,50 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
   // Uses (allocations and pins) of each key, by event index.
   std::unordered_map<int64_t, std::vector<size_t>> uses;
   p.plan_largest = 0;
+  // This step's keys whose buffers outlive it: the next step knows them
+  // with the earlier-step flag.
+  std::unordered_set<int64_t> outlive;
   for (size_t e = 0; e < n; ++e) {
     const StepEvent& ev = events[e];
     if (ev.kind != StepEvent::kUnpin && ev.kind != StepEvent::kFree) {
       uses[ev.key].push_back(e);
     }
+    if (ev.key >= 0 && !(ev.key & kPreviousStepBit)) {
+      if (ev.kind == StepEvent::kAlloc || ev.kind == StepEvent::kAllocPinned) {
+        outlive.insert(ev.key);
+      } else if (ev.kind == StepEvent::kFree) {
+        outlive.erase(ev.key);
+      }
+    }
     p.plan_largest = std::max(p.plan_largest, ev.bytes);
   }
+  // An earlier step's key names, in the repeated step, the buffer of this
+  // step that takes it on; where none does (nothing of that size and rank
+  // outlives this step), the same buffer as now, which kept its key.
+  auto taken_on = [&](int64_t key) {
+    return outlive.count(key & ~kPreviousStepBit) != 0;
+  };
   const size_t capacity = lms_limit_;
   // The step is simulated twice, as it repeats: the first pass leaves the
   // buffers that outlive steps where the second (the one planned) finds
   // them. A step's own tensors are new objects in each pass: in the second,
-  // a key of this step names a new instance (kSecondPassBit), and a key of
-  // the step before names the first pass's buffer of that size and rank.
+  // a key of this step names a new instance (kSecondPassBit), and an
+  // earlier step's key the first pass's buffer that takes it on (taken_on).
   constexpr int64_t kSecondPassBit = int64_t{1} << 62;
   auto instance = [&](int64_t key, size_t pass) -> int64_t {
     if (key < 0 || pass == 0) return key;
-    if (key & kPreviousStepBit) return key & ~kPreviousStepBit;
+    if (key & kPreviousStepBit) {
+      return taken_on(key) ? key & ~kPreviousStepBit : key;
+    }
     return key | kSecondPassBit;
   };
-  // The key the next step will know a second-pass instance by; false for a
-  // buffer two steps old by then (known by id, which the plan cannot name).
+  // The key the next step will know a second-pass instance by.
   auto next_step_key = [&](int64_t ik, int64_t* key) {
     if (ik < 0 || (ik & kSecondPassBit)) {
       *key = ik < 0 ? ik : ik & ~kSecondPassBit;
       return true;
     }
-    if (ik & kPreviousStepBit) return false;
-    *key = ik | kPreviousStepBit;
+    *key = ik | kPreviousStepBit;  // this step's, or an earlier one's kept
     return true;
   };
   struct Inst {
@@ -654,8 +767,9 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
       if (nx != u.end()) return pass * n + *nx;
     }
     // A buffer that outlives the step is used again in the next one: by id,
-    // or, one of this step's, as the previous step's.
-    if (key >= 0 && (key & kPreviousStepBit)) return kNever;
+    // by the key it kept, or, one of this step's, by its earlier-step key.
+    // An earlier step's buffer whose key this step's takes on is not.
+    if (key >= 0 && (key & kPreviousStepBit) && taken_on(key)) return kNever;
     const auto next = uses.find(key < 0 ? key : key | kPreviousStepBit);
     if (next == uses.end() || next->second.empty()) return kNever;
     return (pass + 1) * n + next->second.front();

@@ -877,8 +877,8 @@ TEST(PrefetchPlanPagesOutAWeightForTheNextStep) {
   const std::string wbytes = Pattern(3 * kMiB, 7);
   EXPECT_OK(f.engine_->WriteBuffer(w, 0, wbytes.data(), wbytes.size()));
   EngineStats before;
-  // W and x are the previous step's buffers in step 1 and known by id from
-  // step 2 on: the order learnt from step 2 is followed from step 4.
+  // W and x, made before the first step, keep the keys they had there as
+  // an earlier step's buffers; steps 4-6 follow a plan learnt and trusted.
   for (int step = 0; step < 7; ++step) {
     if (step == 4) before = f.engine_->GetStats();
     f.engine_->StepBegin();
