@@ -12,7 +12,7 @@ CORE_HDRS := $(wildcard core/include/tflms/*.h core/src/*.h)
 CXXFLAGS_CORE := -std=c++17 -Wall -Wextra -Werror -Icore/include -Icore/src -pthread
 
 .PHONY: help install test test-fast lint cpp-test sanitize cuda-test patches verify verify-all \
-        verify-nightly bench demo results transformers soak wheel clean addon-check addon-check-all
+        verify-nightly bench bench-prefetch demo results transformers soak wheel clean addon-check addon-check-all
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -90,6 +90,9 @@ verify-nightly: install ## Early warning: the newest tag's patch against today's
 
 bench: install ## Engine vs TensorFlow's own BFCAllocator, side by side
 	$(PY) bench/run_bench.py
+
+bench-prefetch: install ## Prefetch vs on-demand inside real TensorFlow (Keras fit, CPU harness, paced link), in time
+	$(PY) bench/prefetch_fit.py
 
 demo: install ## The main job: ResNet50 on the 16 GB V100 machines (PCIe 3, NVLink 2), with and without LMS
 	$(PY) -m tflms demo

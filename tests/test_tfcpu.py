@@ -49,8 +49,8 @@ def run_case_with_log(case: str, mode: str, env: dict[str, str] | None = None) -
 
 
 def program_output(result: dict) -> dict:
-    """What the program computed, without the engine's statistics."""
-    return {k: v for k, v in result.items() if k != "stats"}
+    """What the program computed, without the engine's statistics and timings."""
+    return {k: v for k, v in result.items() if k not in ("stats", "wall_s", "kernel_wait_ns")}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -67,7 +67,7 @@ def harness_library() -> None:
 @functools.cache
 def stock_output(case: str) -> dict:
     """The program's values on stock TensorFlow (deterministic: op determinism on)."""
-    return run_case(case, "stock")
+    return program_output(run_case(case, "stock"))
 
 
 def _peak_without_pressure(case: str) -> int:
@@ -298,16 +298,32 @@ def test_keras_fit_learns_its_steps_and_prefetch_hits() -> None:
     assert stats["num_prefetch_steps"] >= 16, stats
     # With allocation ordinals as identity, 29% of pins were found in order (even
     # counting any forward match within 64 pins) and 14-16% of the page-ins were
-    # prefetch hits; by size and rank 51-63% in order, hits 27-40% of the page-ins.
-    assert stats["prefetch_pins_in_order"] >= 0.4 * stats["prefetch_pins"], stats
+    # prefetch hits; by size and rank 50-69% in order, hits 27-40% of the page-ins.
+    # With the input pipeline's pins left out of the order, the weights the optimizer
+    # replaces keeping their keys across validation, and the step after validation
+    # following the training order, 75-89% (8 runs, quiet machine).
+    assert stats["prefetch_pins_in_order"] >= 0.6 * stats["prefetch_pins"], stats
     assert stats["prefetch_hits"] >= 0.2 * stats["num_page_ins"], stats
     assert stats["num_ooms"] == 0
     # What a GPU's kernels would wait for: bytes paged in at a pin. On demand that is
-    # every page-in. With prefetch it is not asserted lower: on this machine under load
-    # it ranged 150-263 MB against 168-337 MB on demand (docs/how-it-works.md).
+    # every page-in. With prefetch it is not asserted lower, nor the time kernels wait
+    # (`make bench-prefetch` measures both side by side; docs/how-it-works.md).
     waited = on_demand["stats"]["bytes_paged_in_on_demand"]
     assert waited == on_demand["stats"]["bytes_paged_in"] > 0
     assert 0 < stats["bytes_paged_in_on_demand"] <= stats["bytes_paged_in"]
+
+
+def test_a_paced_link_makes_kernels_wait_for_their_page_ins() -> None:
+    # bench/prefetch_fit.py paces both copy streams like a GPU's link and reads how
+    # long kernels waited for copies. A kernel that pinned a paged-out tensor waits for
+    # its whole copy, so at 100 MB/s the waits add up to at least the on-demand bytes'
+    # time on the link; the values stay bit-identical however late the bytes land.
+    link = 100e6
+    paced = run_case("cnn", "lms", env={"TFCPU_LINK_BYTES_PER_SECOND": str(link)})
+    assert program_output(paced) == stock_output("cnn")
+    on_link_s = paced["stats"]["bytes_paged_in_on_demand"] / link
+    assert on_link_s > 0.2, paced["stats"]
+    assert paced["kernel_wait_ns"] / 1e9 >= 0.95 * on_link_s, (paced["kernel_wait_ns"], on_link_s)
 
 
 def test_fixed_address_mode_faults_when_a_pin_site_is_removed() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +65,10 @@ def _setup(case: str, mode: str) -> Any:
             lms=mode != "nolms",
             fixed_addresses=mode == "fixed",
         )
+        # Benchmarks pace the copies like a GPU's link (bench/prefetch_fit.py).
+        link = os.environ.get("TFCPU_LINK_BYTES_PER_SECOND")
+        if link:
+            tc._model_link(float(link))  # noqa: SLF001
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
@@ -472,11 +477,14 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
 def main(argv: list[str]) -> None:
     case, mode = argv
     tf = _setup(case, mode)
+    start = time.perf_counter()
     result = CASES[case](tf)
+    result["wall_s"] = time.perf_counter() - start
     if mode != "stock":
         import tflms.tfcpu as tc
 
         result["stats"] = tc.stats()
+        result["kernel_wait_ns"] = tc._kernel_wait_ns()  # noqa: SLF001
     print("RESULT " + json.dumps(result), flush=True)
 
 

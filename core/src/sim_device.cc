@@ -411,9 +411,23 @@ Status SimDevice::EnqueueCopy(Stream* stream, void* dst, const void* src,
   fail = expected > 0;
   const bool store = options_.store_data;
   const int delay_us = copy_delay_us_[k].load();
-  s->Enqueue([s, dst, src, bytes, fail, store, delay_us] {
+  const double pace_bps = copy_pace_bps_[k].load();
+  const auto pace = std::chrono::nanoseconds(
+      pace_bps > 0
+          ? static_cast<int64_t>(static_cast<double>(bytes) * 1e9 / pace_bps)
+          : 0);
+  std::chrono::steady_clock::time_point* link_free = &link_free_at_[k];
+  s->Enqueue([s, dst, src, bytes, fail, store, delay_us, pace, link_free] {
     if (delay_us > 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    }
+    if (pace.count() > 0) {
+      // Each copy ends `pace` after the later of its start and the previous
+      // copy's end, so one late wake-up does not delay every copy after it
+      // (many copies of a few microseconds each would otherwise add up the
+      // scheduler's latency instead of the link's time).
+      *link_free = std::max(*link_free, std::chrono::steady_clock::now()) + pace;
+      std::this_thread::sleep_until(*link_free);
     }
     if (fail) {
       s->SetError(Internal("simulated copy failure (fault injection)"));
@@ -545,6 +559,10 @@ void SimDevice::FailNextCopies(StreamKind kind, int n) {
 
 void SimDevice::DelayCopies(StreamKind kind, int microseconds) {
   copy_delay_us_[Index(kind)] = microseconds;
+}
+
+void SimDevice::PaceCopies(StreamKind kind, double bytes_per_second) {
+  copy_pace_bps_[Index(kind)] = bytes_per_second;
 }
 
 void SimDevice::WaitForLaunchSlotLocked() {

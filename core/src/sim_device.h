@@ -47,6 +47,7 @@
 #define TFLMS_CORE_SRC_SIM_DEVICE_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -141,6 +142,11 @@ class SimDevice : public Device {
   // Every later copy on streams of `kind` first sleeps this long (really, not
   // on the modelled clock), so tests can catch readers that do not wait.
   void DelayCopies(StreamKind kind, int microseconds);
+  // Every later copy on streams of `kind` also sleeps bytes / bytes_per_second
+  // (0: no pacing): a link of that bandwidth in real time, so code that runs
+  // on real threads against store_data memory (the tfcpu harness) waits for
+  // copies as it would on a GPU instead of seeing them land at memcpy speed.
+  void PaceCopies(StreamKind kind, double bytes_per_second);
   void RefuseDeviceAllocations(bool refuse) { refuse_device_ = refuse; }
   void RefuseHostAllocations(bool refuse) { refuse_host_ = refuse; }
 
@@ -177,6 +183,10 @@ class SimDevice : public Device {
   std::atomic<bool> refuse_host_{false};
   std::atomic<int> fail_copies_[3];
   std::atomic<int> copy_delay_us_[3] = {0, 0, 0};
+  std::atomic<double> copy_pace_bps_[3] = {0.0, 0.0, 0.0};
+  // When each stream's paced link is next free; touched only by that
+  // stream's worker thread (one stream per kind), so it needs no lock.
+  std::chrono::steady_clock::time_point link_free_at_[3];
   std::atomic<int64_t> host_bytes_allocated_{0};
   std::atomic<uintptr_t> next_fake_host_{uintptr_t{1} << 44};
 

@@ -149,6 +149,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tflms_tfcpu_defragment.restype = ctypes.c_int64
     lib.tflms_tfcpu_rehook.restype = ctypes.c_int
     lib.tflms_tfcpu_delay_page_ins.argtypes = [ctypes.c_int]
+    lib.tflms_tfcpu_model_link.argtypes = [ctypes.c_double]
+    lib.tflms_tfcpu_kernel_wait_ns.restype = ctypes.c_int64
 
 
 def _make_unmovable(tensor: Any) -> None:
@@ -250,6 +252,27 @@ def defragment() -> int:
 def _delay_page_ins(microseconds: int) -> None:
     """Tests: every later page-in copy sleeps this long before it lands."""
     _require().tflms_tfcpu_delay_page_ins(microseconds)
+
+
+def _model_link(bytes_per_second: float) -> None:
+    """Benchmarks: both copy streams run at this bandwidth in real time (0: memcpy speed).
+
+    Copies then take as long, relative to the kernels, as they would over a GPU's link,
+    so a page-in that prefetch did not start early enough holds up the kernel that needs
+    it (`_kernel_wait_ns`).
+    """
+    if bytes_per_second < 0:
+        raise TfcpuError(f"link bandwidth must be >= 0 bytes/s, got {bytes_per_second}")
+    _require().tflms_tfcpu_model_link(float(bytes_per_second))
+
+
+def _kernel_wait_ns() -> int:
+    """Wall time kernels spent blocked on the copies they were ordered after.
+
+    On a GPU this is the compute stream idling for a page-in, which no engine counter
+    sees (the host does not wait); here the kernel's own thread waits.
+    """
+    return int(_require().tflms_tfcpu_kernel_wait_ns())
 
 
 def library() -> Path:

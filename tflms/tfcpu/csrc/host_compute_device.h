@@ -10,11 +10,15 @@
 // else is the SimDevice's (device memory is a host arena that CPU kernels
 // read and write directly; copies run on worker threads).
 //
-// Thread safety: stateless apart from the SimDevice, which is thread-safe.
+// Thread safety: the SimDevice is thread-safe; the one counter of its own is
+// atomic.
 #ifndef TFLMS_TFCPU_HOST_COMPUTE_DEVICE_H_
 #define TFLMS_TFCPU_HOST_COMPUTE_DEVICE_H_
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <utility>
 
@@ -29,6 +33,8 @@ class HostComputeDevice : public tflms::Device {
       : sim_(std::move(sim)) {}
 
   tflms::SimDevice* sim() const { return sim_.get(); }
+  // Wall time kernels spent blocked on copies they were ordered after.
+  int64_t kernel_wait_ns() const { return kernel_wait_ns_.load(); }
 
   const char* Name() const override { return "tfcpu-sim"; }
   void* AllocateDeviceMemory(size_t bytes, size_t alignment) override {
@@ -68,7 +74,14 @@ class HostComputeDevice : public tflms::Device {
                           const tflms::EventRef& event) override {
     if (stream == sim_->GetStream(tflms::StreamKind::kCompute)) {
       // The next "kernel on the compute stream" is the caller's own code.
-      return sim_->SynchronizeEvent(event);
+      // The time it blocks is what a GPU's compute stream would sit idle
+      // waiting for a copy (a page-in): no engine counter sees it there.
+      const auto start = std::chrono::steady_clock::now();
+      tflms::Status s = sim_->SynchronizeEvent(event);
+      kernel_wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+      return s;
     }
     return sim_->WaitEvent(stream, event);
   }
@@ -105,6 +118,7 @@ class HostComputeDevice : public tflms::Device {
 
  private:
   const std::unique_ptr<tflms::SimDevice> sim_;
+  std::atomic<int64_t> kernel_wait_ns_{0};
 };
 
 }  // namespace tflms_tfcpu

@@ -272,6 +272,24 @@ void tflms_tfcpu_delay_page_ins(int microseconds) {
   }
 }
 
+// Both copy streams run at `bytes_per_second` in real time from now on (0:
+// memcpy speed), so kernels wait for late page-ins as on a GPU.
+void tflms_tfcpu_model_link(double bytes_per_second) {
+  using namespace tflms_tfcpu;  // NOLINT
+  if (g_device == nullptr) return;
+  g_device->sim()->PaceCopies(tflms::StreamKind::kDeviceToHost,
+                              bytes_per_second);
+  g_device->sim()->PaceCopies(tflms::StreamKind::kHostToDevice,
+                              bytes_per_second);
+}
+
+// Nanoseconds kernels spent blocked on the copies they were ordered after;
+// -1 before enable.
+int64_t tflms_tfcpu_kernel_wait_ns() {
+  using namespace tflms_tfcpu;  // NOLINT
+  return g_device == nullptr ? -1 : g_device->kernel_wait_ns();
+}
+
 // What TFE_TensorHandleDevicePointer does with the patch's hunk (20): the
 // address of an EagerTensor's buffer escapes to Python (numpy views, DLPack),
 // so it becomes unmovable, with its bytes resident. Returns 0, or -1 with the

@@ -1,0 +1,142 @@
+"""`make bench-prefetch`: prefetch against on-demand paging inside real TensorFlow, in time.
+
+Runs the CPU harness's Keras `fit` (tests/tfcpu_cases.py `keras_fit`: a 16-layer CNN over
+a tf.data pipeline, validation each epoch, a callback between steps) in fresh processes,
+on-demand and prefetch interleaved, with both copy streams paced to a link of
+`--link-gbps` in real time. A kernel then waits for a late page-in as the GPU's compute
+stream would; the harness measures that wall time (`kernel_wait_ns`), which no engine
+counter sees on a GPU.
+
+Prints, per mode, the median [min - max] over runs of: the fit's wall time, the time
+kernels waited for copies, the time reclaims waited for page-outs, bytes paged in, bytes
+paged in on demand (what prefetch did not bring back in time), prefetch hits and the
+share of pins found in the learned order; then prefetch / on-demand of the medians.
+The executor's schedule differs from run to run (the input pipeline's threads), and so
+does where long-lived tensors land in the small device; compare medians over several
+runs, never one pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ("lms", "prefetch")
+LABELS = {"lms": "on-demand", "prefetch": "prefetch"}
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=5, help="runs per mode (default 5)")
+    p.add_argument(
+        "--link-gbps",
+        type=float,
+        default=2.0,
+        help="modelled link in GB/s each way, 0 for memcpy speed (default 2)",
+    )
+    p.add_argument("--json", type=Path, help="also write every run's figures here")
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error(f"--runs must be at least 1, got {args.runs}")
+    if args.link_gbps < 0:
+        p.error(f"--link-gbps must be >= 0, got {args.link_gbps}")
+    return args
+
+
+def run_fit(mode: str, link_gbps: float) -> dict[str, Any]:
+    """One Keras fit in a fresh process; its figures."""
+    env = {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "TFCPU_LINK_BYTES_PER_SECOND": str(link_gbps * 1e9),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.tfcpu_cases", "keras_fit", mode],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"keras_fit ({mode}) failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(lines[-1][len("RESULT ") :])
+    s = result["stats"]
+    return {
+        "wall_s": result["wall_s"],
+        "kernel_wait_ms": result["kernel_wait_ns"] / 1e6,
+        "page_out_wait_ms": s["page_out_wait_ns"] / 1e6,
+        "mb_paged_in": s["bytes_paged_in"] / 1e6,
+        "mb_on_demand": s["bytes_paged_in_on_demand"] / 1e6,
+        "prefetch_hits": s["prefetch_hits"],
+        "in_order_pct": 100.0 * s["prefetch_pins_in_order"] / s["prefetch_pins"]
+        if s["prefetch_pins"]
+        else 0.0,
+    }
+
+
+COLUMNS = (
+    ("wall_s", "fit wall", "{:.2f} s"),
+    ("kernel_wait_ms", "kernels waited", "{:.0f} ms"),
+    ("page_out_wait_ms", "reclaims waited", "{:.0f} ms"),
+    ("mb_paged_in", "paged in", "{:.0f} MB"),
+    ("mb_on_demand", "on demand", "{:.0f} MB"),
+    ("prefetch_hits", "prefetch hits", "{:.0f}"),
+    ("in_order_pct", "pins in order", "{:.0f}%"),
+)
+
+
+def format_table(runs: dict[str, list[dict[str, Any]]]) -> str:
+    header = "| mode | " + " | ".join(c[1] for c in COLUMNS) + " |"
+    lines = [header, "|" + "---|" * (len(COLUMNS) + 1)]
+    for mode in MODES:
+        cells = []
+        for key, _, fmt in COLUMNS:
+            values = [r[key] for r in runs[mode]]
+            med = statistics.median(values)
+            cells.append(
+                f"{fmt.format(med)} [{fmt.format(min(values))} - {fmt.format(max(values))}]"
+            )
+        lines.append(f"| {LABELS[mode]} | " + " | ".join(cells) + " |")
+    ratios = []
+    for key, label, _ in COLUMNS[:5]:
+        base = statistics.median(r[key] for r in runs["lms"])
+        pre = statistics.median(r[key] for r in runs["prefetch"])
+        ratios.append(f"{label} {pre / base:.2f}x" if base else f"{label} -")
+    lines.append("")
+    lines.append("prefetch / on-demand (medians): " + ", ".join(ratios))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    from tqdm import tqdm  # noqa: PLC0415
+
+    import tflms.tfcpu as tc  # noqa: PLC0415
+
+    tc.library()  # built once, with its own progress bar, before the runs
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    with tqdm(total=args.runs * len(MODES), desc="keras fit", unit="run") as bar:
+        for _ in range(args.runs):
+            for mode in MODES:  # interleaved: drift in machine load hits both
+                runs[mode].append(run_fit(mode, args.link_gbps))
+                bar.update()
+    link = f"{args.link_gbps:g} GB/s each way" if args.link_gbps else "memcpy speed"
+    print(f"\nKeras fit in the CPU harness, link {link}, {args.runs} runs per mode\n")
+    print(format_table(runs))
+    if args.json:
+        args.json.write_text(json.dumps({"link_gbps": args.link_gbps, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
