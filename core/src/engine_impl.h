@@ -66,7 +66,11 @@ class Buffer {
   // closed (Impl::LastUseEventLocked) follows all of them. See "Last-use
   // epochs" in Engine::Impl.
   uint64_t last_use_epoch = 0;
-  EventRef ready;  // event the compute stream must wait for before use
+  // The event every kernel's use must follow (the copy that filled the
+  // chunk). Kept until the device says it completed, not until the first
+  // pin: a kernel pinned on another thread may reach the compute stream
+  // before the first pinner has ordered it after the copy.
+  EventRef ready;
   // Intrusive LRU of inactive buffers (oldest at head).
   Buffer* lru_prev = nullptr;
   Buffer* lru_next = nullptr;

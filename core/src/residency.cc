@@ -30,6 +30,9 @@
 //     the chunk's previous owner, which the host already freed.
 //   * Pin never returns while the buffer is in a transient state: it waits
 //     on cv_, so no kernel ever sees a half-moved buffer.
+//   * Every Pin orders the compute stream after the copy that filled the
+//     chunk until that copy is known complete, not only the first: two
+//     threads' kernels may pin a buffer whose page-in is still landing.
 //   * MarkUnmovable returns only after the bytes are resident (host-side
 //     wait), since an escaped address is read outside every stream.
 #include <algorithm>
@@ -618,8 +621,14 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
   ++b->pin_count;
   SetActivity(b, was_active);
   *device_ptr = b->device_ptr;
-  EventRef ready = std::move(b->ready);
-  b->ready.reset();
+  // Every pin orders its kernel after the copy until the copy is known done
+  // (Buffer::ready): the first pinner may not have reached the compute
+  // stream yet when a second kernel is launched.
+  EventRef ready = b->ready;
+  if (ready && device_->EventDone(ready)) {
+    b->ready.reset();
+    ready.reset();
+  }
   std::vector<Buffer*> plan;
   if (options_.prefetch_enabled) plan = NotePinAndPlan(b);
   if (!plan.empty()) RunPrefetch(lock, plan);

@@ -832,6 +832,128 @@ TEST(MarkUnmovableReturnsOnlyOnceTheBytesHaveLanded) {
   EXPECT_OK(f.engine_->CheckInvariants());
 }
 
+// Forwards to a SimDevice; the first WaitEvent on the compute stream made by
+// `held_thread` blocks until `release` is set: the thread that paged a buffer
+// in is descheduled between leaving the engine and ordering the compute
+// stream after the copy, as any thread may be.
+class HeldWaitDevice : public Device {
+ public:
+  explicit HeldWaitDevice(SimDevice* sim) : sim_(sim) {}
+  std::atomic<bool> holding{false};
+  std::atomic<bool> held{false};
+  std::atomic<bool> release{false};
+  std::thread::id held_thread;
+
+  const char* Name() const override { return "held"; }
+  void* AllocateDeviceMemory(size_t b, size_t a) override {
+    return sim_->AllocateDeviceMemory(b, a);
+  }
+  void FreeDeviceMemory(void* p, size_t b) override {
+    sim_->FreeDeviceMemory(p, b);
+  }
+  void* AllocateHostMemory(size_t b) override {
+    return sim_->AllocateHostMemory(b);
+  }
+  void FreeHostMemory(void* p, size_t b) override {
+    sim_->FreeHostMemory(p, b);
+  }
+  Stream* GetStream(StreamKind k) override { return sim_->GetStream(k); }
+  Status CopyDeviceToHost(Stream* s, void* d, const void* src,
+                          size_t b) override {
+    return sim_->CopyDeviceToHost(s, d, src, b);
+  }
+  Status CopyHostToDevice(Stream* s, void* d, const void* src,
+                          size_t b) override {
+    return sim_->CopyHostToDevice(s, d, src, b);
+  }
+  Status CopyDeviceToDevice(Stream* s, void* d, const void* src,
+                            size_t b) override {
+    return sim_->CopyDeviceToDevice(s, d, src, b);
+  }
+  EventRef RecordEvent(Stream* s, Status* st) override {
+    return sim_->RecordEvent(s, st);
+  }
+  Status WaitEvent(Stream* s, const EventRef& e) override {
+    if (holding && s == sim_->GetStream(StreamKind::kCompute) &&
+        std::this_thread::get_id() == held_thread && !held.exchange(true)) {
+      while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return sim_->WaitEvent(s, e);
+  }
+  Status SynchronizeEvent(const EventRef& e) override {
+    return sim_->SynchronizeEvent(e);
+  }
+  bool EventDone(const EventRef& e) override { return sim_->EventDone(e); }
+  Status ReadDeviceSync(void* h, const void* d, size_t b) override {
+    return sim_->ReadDeviceSync(h, d, b);
+  }
+  Status WriteDeviceSync(void* d, const void* h, size_t b) override {
+    return sim_->WriteDeviceSync(d, h, b);
+  }
+
+ private:
+  SimDevice* sim_;
+};
+
+// Two kernels on two threads read a buffer whose page-in the first one's pin
+// started. The second pin finds the buffer resident: its kernel must still
+// come after the copy, whichever thread got to order the compute stream
+// first (the first pin took the page-in's event for itself, and the second
+// kernel read the chunk's previous bytes).
+TEST(SecondPinWaitsForAPageInStillLanding) {
+  const size_t size = 256 * 1024;
+  SimOptions so;
+  so.device_memory = 1 * kMiB;
+  SimDevice sim(so);
+  HeldWaitDevice device(&sim);
+  EngineOptions eo;
+  eo.memory_limit = 1 * kMiB;
+  eo.host_memory_limit = 16 * kMiB;
+  eo.lms_enabled = true;
+  Engine engine(&device, eo);
+  EXPECT_OK(engine.Init());
+  Status s;
+  Buffer* b = engine.AllocateBuffer(size, false, &s);
+  EXPECT(b != nullptr);
+  if (b == nullptr) return;
+  const std::string pattern = Pattern(size, 13);
+  EXPECT_OK(engine.WriteBuffer(b, 0, pattern.data(), size));
+  size_t reclaimed = 0;
+  EXPECT_OK(engine.ReclaimInactive(&reclaimed));
+  EXPECT(engine.GetBufferState(b) == BufferState::kReclaimed);
+  // Stale bytes wherever the page-in may land.
+  void* scratch = engine.AllocateRaw(1 * kMiB - 256, &s);
+  if (scratch == nullptr) scratch = engine.AllocateRaw(size, &s);
+  EXPECT(scratch != nullptr);
+  if (scratch != nullptr) {
+    std::memset(scratch, 0x5A, engine.AllocatedSize(scratch));
+    engine.DeallocateRaw(scratch);
+  }
+  sim.DelayCopies(StreamKind::kHostToDevice, 200 * 1000);
+  void* first_addr = nullptr;
+  std::thread first([&] {
+    device.held_thread = std::this_thread::get_id();
+    device.holding = true;
+    EXPECT_OK(engine.Pin(b, &first_addr));
+  });
+  while (!device.held) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The second kernel: pinned, then run on the compute stream (a synchronous
+  // read runs after all work enqueued there so far).
+  void* addr = nullptr;
+  EXPECT_OK(engine.Pin(b, &addr));
+  std::string got(size, '\0');
+  if (addr != nullptr) EXPECT_OK(sim.ReadDeviceSync(&got[0], addr, size));
+  EXPECT(got == pattern);
+  device.release = true;
+  first.join();
+  sim.DelayCopies(StreamKind::kHostToDevice, 0);
+  EXPECT(first_addr == addr);
+  EXPECT_OK(engine.Unpin(b));
+  EXPECT_OK(engine.Unpin(b));
+  EXPECT_OK(engine.FreeBuffer(b));
+  EXPECT_OK(engine.CheckInvariants());
+}
+
 TEST(PrefetchLearnsTheStepAndHits) {
   Fixture f(1 * kMiB, 32 * kMiB, true, false, /*prefetch=*/true,
             /*prefetch_budget=*/512 * 1024);
