@@ -64,6 +64,9 @@ def _setup(case: str, mode: str) -> Any:
             verify_moves=mode == "defrag",
             lms=mode != "nolms",
             fixed_addresses=mode == "fixed",
+            # Every pin checks the tensor's bytes against its last unpin's
+            # (a stale page-in fails the kernel); benchmarks turn it off.
+            verify_pins=os.environ.get("TFCPU_VERIFY_PINS", "1") == "1",
         )
         # Benchmarks pace the copies like a GPU's link (bench/prefetch_fit.py).
         link = os.environ.get("TFCPU_LINK_BYTES_PER_SECOND")

@@ -63,6 +63,7 @@ class Engine:
         map_us_per_page: float = 0.0,
         unmap_us_per_page: float = 0.0,
         launch_queue_depth: int = 0,
+        verify_pins: bool = False,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -110,6 +111,7 @@ class Engine:
             map_us_per_page=map_us_per_page,
             unmap_us_per_page=unmap_us_per_page,
             launch_queue_depth=launch_queue_depth,
+            verify_pins=verify_pins,
         )
         self.device_memory = device_memory
         self.host_memory = host_memory

@@ -71,6 +71,11 @@ class Buffer {
   // pin: a kernel pinned on another thread may reach the compute stream
   // before the first pinner has ordered it after the copy.
   EventRef ready;
+  // verify_pins (verify_pins.cc): the hash of the bytes its last holder
+  // left, valid once a pin cycle ended with no other pin held.
+  uint64_t pin_hash = 0;
+  bool pin_hash_valid = false;
+  uint64_t pins_taken = 0;  // every Pin counts; verify_pins only
   // Intrusive LRU of inactive buffers (oldest at head).
   Buffer* lru_prev = nullptr;
   Buffer* lru_next = nullptr;
@@ -224,6 +229,18 @@ class Engine::Impl {
   // last use is complete and drains the compute stream for its own copies
   // anyway. Returns with `lock` held.
   Status SyncLastUses(std::unique_lock<std::mutex>& lock);
+
+  // ---- verify_pins.cc ----
+  // *hash of `bytes` at `device_ptr`, read after all enqueued compute work.
+  Status HashDeviceBytes(const void* device_ptr, size_t bytes, uint64_t* hash);
+  // Called by Unpin before the last pin ends, with `lock` held; releases it
+  // while it reads. Records the bytes the pin's holder leaves.
+  void NoteUnpinnedBytes(std::unique_lock<std::mutex>& lock, Buffer* b);
+  // Called by Pin, without mu_, once the pin that made `b` active has
+  // ordered the compute stream: the bytes must hash to `expected`.
+  // On a mismatch, ends the pin and returns kInternal.
+  Status VerifyPinnedBytes(Buffer* b, const void* device_ptr,
+                           uint64_t expected);
 
   // ---- reclaim.cc ----
   // Choose victims for a request of `rounded` bytes; empty if none.

@@ -618,6 +618,10 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
     b->prefetched = false;
   }
   const bool was_active = b->active();
+  const bool verify = options_.verify_pins && b->pin_count == 0 &&
+                      !b->unmovable && b->pin_hash_valid;
+  const uint64_t expected_hash = b->pin_hash;
+  ++b->pins_taken;
   ++b->pin_count;
   SetActivity(b, was_active);
   *device_ptr = b->device_ptr;
@@ -634,12 +638,17 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
   if (!plan.empty()) RunPrefetch(lock, plan);
   if (options_.prefetch_enabled) StartPlannedPageOutsLocked(lock);
   lock.unlock();
+  Status status;
   if (ready) {
     // The page-in is enqueued; kernels on the compute stream wait for it
     // without blocking this thread.
-    return device_->WaitEvent(device_->GetStream(StreamKind::kCompute), ready);
+    status =
+        device_->WaitEvent(device_->GetStream(StreamKind::kCompute), ready);
   }
-  return Status::Ok();
+  if (status.ok() && verify) {
+    status = VerifyPinnedBytes(b, *device_ptr, expected_hash);
+  }
+  return status;
 }
 
 void Engine::Impl::AbandonPageOutLocked(Buffer* v, void* host) {
@@ -672,6 +681,7 @@ Status Engine::Impl::Unpin(Buffer* b) {
     return FailedPrecondition("unpin of buffer " + std::to_string(b->id) +
                               " without a matching pin");
   }
+  NoteUnpinnedBytes(lock, b);
   const bool was_active = b->active();
   --b->pin_count;
   // The kernels that used the buffer were enqueued before this call; the

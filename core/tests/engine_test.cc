@@ -81,6 +81,7 @@ struct Fixture {
     eo.lms_enabled = lms;
     eo.defrag_enabled = defrag;
     eo.verify_moves = true;
+    eo.verify_pins = true;
     eo.prefetch_enabled = prefetch;
     eo.prefetch_budget_bytes = prefetch_budget;
     eo.allow_growth = allow_growth;
@@ -952,6 +953,39 @@ TEST(SecondPinWaitsForAPageInStillLanding) {
   EXPECT_OK(engine.Unpin(b));
   EXPECT_OK(engine.FreeBuffer(b));
   EXPECT_OK(engine.CheckInvariants());
+}
+
+// verify_pins: a write no pin covered (here straight to the address an
+// earlier pin returned, as a kernel without a pin site would) is caught at
+// the next pin, which fails naming the buffer and holds nothing.
+TEST(VerifyPinsCatchesBytesChangedWhileUnpinned) {
+  Fixture f(1 * kMiB, 16 * kMiB);
+  Status s;
+  const size_t size = 64 * 1024;
+  void* addr = nullptr;
+  Buffer* b = f.engine_->AllocateBuffer(size, /*pinned=*/true, &s, &addr);
+  EXPECT(b != nullptr && addr != nullptr);
+  if (b == nullptr || addr == nullptr) return;
+  const std::string pattern = Pattern(size, 17);
+  std::memcpy(addr, pattern.data(), size);
+  EXPECT_OK(f.engine_->Unpin(b));
+  // Paged out and back in: the same bytes, so the pin passes.
+  size_t reclaimed = 0;
+  EXPECT_OK(f.engine_->ReclaimInactive(&reclaimed));
+  EXPECT(reclaimed >= size);
+  void* now = nullptr;
+  EXPECT_OK(f.engine_->Pin(b, &now));
+  EXPECT_OK(f.engine_->Unpin(b));
+  static_cast<char*>(now)[size / 2] ^= 1;  // one bit, no pin
+  Status pin = f.engine_->Pin(b, &now);
+  EXPECT(pin.code() == Code::kInternal);
+  EXPECT(pin.ToString().find("verify_pins") != std::string::npos);
+  EXPECT(pin.ToString().find("while it was unpinned") != std::string::npos);
+  // The failed pin holds nothing: the buffer can be paged out and freed.
+  EXPECT_OK(f.engine_->ReclaimInactive(&reclaimed));
+  EXPECT(f.engine_->GetBufferState(b) == BufferState::kReclaimed);
+  EXPECT_OK(f.engine_->FreeBuffer(b));
+  EXPECT_OK(f.engine_->CheckInvariants());
 }
 
 TEST(PrefetchLearnsTheStepAndHits) {

@@ -78,6 +78,7 @@ def enable(
     lms: bool = True,
     fixed_addresses: bool = False,
     page_size: int | str = "4KiB",
+    verify_pins: bool = False,
 ) -> None:
     """Makes CPU:0 an LMS device with `device_memory` bytes of modelled device memory.
 
@@ -88,6 +89,10 @@ def enable(
     that reads an evicted tensor no pin covered faults at once. The default page, the
     host's, is to a few MiB of modelled memory what a GPU's 2 MiB mapping granule is to
     its GiBs: coarser pages on a tiny device would strand memory no GPU strands.
+    With verify_pins=True every pin that makes a tensor active again checks that its
+    bytes are the ones its last unpin left (a stale page-in or a write no pin covered
+    fails the kernel with an error naming the buffer); it reads each tensor twice per
+    use, so it is for tests and for hunting such bugs.
 
     Call it before TensorFlow creates its devices (before the first op). Imports
     TensorFlow. Raises TfcpuError if it is too late or already enabled, and BuildError
@@ -117,6 +122,7 @@ def enable(
         int(defrag),
         int(prefetch),
         int(verify_moves),
+        int(verify_pins),
         page_bytes,
         error,
         1024,
@@ -134,6 +140,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tflms_tfcpu_enable.argtypes = [
         ctypes.c_int64,
         ctypes.c_int64,
+        ctypes.c_int,
         ctypes.c_int,
         ctypes.c_int,
         ctypes.c_int,

@@ -76,6 +76,10 @@ struct EngineOptions {
   // Compare source and destination after every defragmentation move. Costs a
   // device-to-host copy of both; on by default in tests.
   bool verify_moves = false;
+  // Check that a buffer holds, when a pin makes it active again, the bytes
+  // its last unpin left (verify_pins.cc). Reads and hashes the buffer twice
+  // per pin cycle: for tests and for hunting stale reads, not for speed.
+  bool verify_pins = false;
 
   // Step-pattern prefetch: learn the pin order of one step (StepBegin marks
   // steps) and page in the next buffers ahead of use.

@@ -164,7 +164,8 @@ extern "C" {
 // are unmapped, so a read no pin covers faults).
 int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
                        int defrag, int prefetch, int verify_moves,
-                       int64_t fixed_page_size, char* error, int error_len) {
+                       int verify_pins, int64_t fixed_page_size, char* error,
+                       int error_len) {
   using namespace tflms_tfcpu;  // NOLINT
   std::lock_guard<std::mutex> lock(g_enable_mu);
   if (g_allocator != nullptr) {
@@ -199,6 +200,7 @@ int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
   options.lms_enabled = lms != 0;
   options.defrag_enabled = defrag != 0;
   options.verify_moves = verify_moves != 0;
+  options.verify_pins = verify_pins != 0;
   options.prefetch_enabled = prefetch != 0;
   if (fixed_page_size > 0) {
     options.fixed_addresses = true;
