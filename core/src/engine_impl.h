@@ -434,6 +434,10 @@ class Engine::Impl {
   Status CheckInvariants() const;
   std::string OutOfMemoryMessage(size_t bytes, size_t rounded,
                                  const Status& host_status) const;
+  // Device memory in address order, runs of free, raw, pinned, idle and
+  // unmovable chunks with their bytes: what splits the free memory, for the
+  // out-of-memory message. REQUIRES: mu_ held.
+  std::string FragmentationLayout() const;
   // For a request that exceeds the device (RejectLargerThanDevice).
   std::string LargerThanDeviceMessage(size_t bytes) const;
   int64_t NowNs() const;

@@ -259,6 +259,71 @@ void Engine::Impl::ClearStats() {
   peak_mapped_bytes_ = static_cast<int64_t>(mapped_pages_ * page_size_);
 }
 
+namespace {
+
+std::string ShortBytes(size_t bytes) {
+  std::ostringstream m;
+  m.setf(std::ios::fixed);
+  m.precision(1);
+  if (bytes >= (size_t{1} << 30)) {
+    m << static_cast<double>(bytes) / (1 << 30) << " GiB";
+  } else if (bytes >= (size_t{1} << 20)) {
+    m << static_cast<double>(bytes) / (1 << 20) << " MiB";
+  } else if (bytes >= 1024) {
+    m << static_cast<double>(bytes) / 1024 << " KiB";
+  } else {
+    return std::to_string(bytes) + " B";
+  }
+  return m.str();
+}
+
+}  // namespace
+
+std::string Engine::Impl::FragmentationLayout() const {
+  // The chunks in address order, runs of the same kind merged, so that a
+  // user sees what splits the free memory (e.g. small tensors in use every
+  // 512 KiB); at most kShown runs per region.
+  constexpr int kShown = 16;
+  std::ostringstream m;
+  arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
+    std::string kind;
+    size_t run_bytes = 0;
+    int runs = 0;
+    int chunks = 0;
+    auto flush = [&] {
+      if (run_bytes == 0) return;
+      if (runs < kShown) {
+        m << (runs == 0 ? " [" : " | ") << kind << " " << ShortBytes(run_bytes);
+      }
+      ++runs;
+    };
+    for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
+         h = arena_->chunk(h)->next) {
+      const BfcArena::Chunk* c = arena_->chunk(h);
+      ++chunks;
+      std::string k;
+      if (!c->in_use()) {
+        k = "free";
+      } else if (c->owner == nullptr) {
+        k = "raw";
+      } else {
+        const Buffer* b = static_cast<const Buffer*>(c->owner);
+        k = b->unmovable ? "unmovable" : b->pin_count > 0 ? "pinned" : "idle";
+      }
+      if (k != kind) {
+        flush();
+        kind = k;
+        run_bytes = 0;
+      }
+      run_bytes += c->size;
+    }
+    flush();
+    if (runs > kShown) m << " | ... " << runs - kShown << " more";
+    m << "]";
+  });
+  return m.str();
+}
+
 std::string Engine::Impl::OutOfMemoryMessage(size_t bytes, size_t rounded,
                                              const Status& host_status) const {
   const size_t largest = arena_->LargestFreeChunk();
@@ -278,7 +343,9 @@ std::string Engine::Impl::OutOfMemoryMessage(size_t bytes, size_t rounded,
   if (free_total >= rounded && largest < rounded) {
     m << " Enough memory is free but it is fragmented";
     if (bytes_inactive_ == 0) {
-      m << " by tensors in use, which nothing can move";
+      m << " by tensors in use, which nothing can move (device memory in "
+           "address order:"
+        << FragmentationLayout() << ")";
     } else if (!options_.defrag_enabled) {
       m << "; enabling LMS defragmentation may help "
            "(tf.config.experimental.set_lms_defrag_enabled(True) or "

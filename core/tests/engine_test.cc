@@ -519,7 +519,7 @@ TEST(FailedPageOutLeavesBufferResidentAndIntact) {
     bufs.push_back(b);
   }
   f.device_->FailNextCopies(StreamKind::kDeviceToHost, 100);
-  Buffer* extra = f.engine_->AllocateBuffer(400 * 1024, false, &s);
+  Buffer* extra = f.engine_->AllocateBuffer(440 * 1024, false, &s);
   EXPECT(extra == nullptr);
   EXPECT(s.message().find("simulated copy failure") != std::string::npos);
   for (Buffer* b : bufs) EXPECT(f.engine_->GetBufferState(b) == BufferState::kResident);
@@ -527,7 +527,7 @@ TEST(FailedPageOutLeavesBufferResidentAndIntact) {
   EXPECT_OK(f.engine_->CheckInvariants());
   EXPECT(f.engine_->GetStats().host_bytes_in_use == 0);
   f.device_->FailNextCopies(StreamKind::kDeviceToHost, 0);
-  extra = f.engine_->AllocateBuffer(400 * 1024, false, &s);
+  extra = f.engine_->AllocateBuffer(440 * 1024, false, &s);
   EXPECT(extra != nullptr);
   for (size_t i = 0; i < bufs.size(); ++i) EXPECT(Holds(f.engine_.get(), bufs[i], data[i]));
   bufs.push_back(extra);
@@ -600,6 +600,44 @@ TEST(FragmentationWithoutDefragNamesTheKnob) {
   EXPECT(s.message().find("fragmented") != std::string::npos);
   EXPECT(s.message().find("lms_defrag_enabled") != std::string::npos);
   for (Buffer* b : keep) EXPECT_OK(f.engine_->FreeBuffer(b));
+}
+
+// Free memory split by pinned tensors cannot be joined by anything: the
+// message shows the layout, so a user sees what splits it.
+TEST(FragmentationByPinnedTensorsShowsTheLayout) {
+  Fixture f(1 * kMiB, 16 * kMiB, /*lms=*/true, /*defrag=*/false,
+            /*prefetch=*/false, /*prefetch_budget=*/0, /*allow_growth=*/false);
+  Status s;
+  const size_t big = 300 * 1024;
+  std::vector<Buffer*> small, large;
+  for (int i = 0; i < 2; ++i) {
+    small.push_back(f.engine_->AllocateBuffer(256, /*pinned=*/true, &s));
+    large.push_back(f.engine_->AllocateBuffer(big, /*pinned=*/true, &s));
+  }
+  small.push_back(f.engine_->AllocateBuffer(256, /*pinned=*/true, &s));
+  for (Buffer* b : small) EXPECT(b != nullptr);
+  for (Buffer* b : large) {
+    EXPECT(b != nullptr);
+    if (b == nullptr) continue;
+    EXPECT_OK(f.engine_->Unpin(b));
+    EXPECT_OK(f.engine_->FreeBuffer(b));
+  }
+  // 1 MiB - 768 bytes free in three holes, none of 440 KiB.
+  Buffer* request = f.engine_->AllocateBuffer(440 * 1024, false, &s);
+  EXPECT(request == nullptr);
+  const std::string m = s.message();
+  EXPECT(m.find("fragmented by tensors in use") != std::string::npos);
+  EXPECT(m.find("[pinned 256 B | free 300.0 KiB | pinned 256 B | free 300.0 "
+                "KiB | pinned 256 B | free ") != std::string::npos);
+  if (m.find("[pinned 256 B") == std::string::npos) {
+    std::fprintf(stderr, "  message: %s\n", m.c_str());
+  }
+  for (Buffer* b : small) {
+    if (b == nullptr) continue;
+    EXPECT_OK(f.engine_->Unpin(b));
+    EXPECT_OK(f.engine_->FreeBuffer(b));
+  }
+  EXPECT_OK(f.engine_->CheckInvariants());
 }
 
 TEST(DefragmentationMakesRoomAndMovesBytesIntact) {
