@@ -75,7 +75,6 @@ class Buffer {
   // left, valid once a pin cycle ended with no other pin held.
   uint64_t pin_hash = 0;
   bool pin_hash_valid = false;
-  uint64_t pins_taken = 0;  // every Pin counts; verify_pins only
   // Intrusive LRU of inactive buffers (oldest at head).
   Buffer* lru_prev = nullptr;
   Buffer* lru_next = nullptr;
@@ -233,9 +232,9 @@ class Engine::Impl {
   // ---- verify_pins.cc ----
   // *hash of `bytes` at `device_ptr`, read after all enqueued compute work.
   Status HashDeviceBytes(const void* device_ptr, size_t bytes, uint64_t* hash);
-  // Called by Unpin before the last pin ends, with `lock` held; releases it
-  // while it reads. Records the bytes the pin's holder leaves.
-  void NoteUnpinnedBytes(std::unique_lock<std::mutex>& lock, Buffer* b);
+  // Called by Unpin before the last pin ends: records the bytes its holder
+  // leaves. REQUIRES: mu_ held (kept while it reads).
+  void NoteUnpinnedBytes(Buffer* b);
   // Called by Pin, without mu_, once the pin that made `b` active has
   // ordered the compute stream: the bytes must hash to `expected`.
   // On a mismatch, ends the pin and returns kInternal.

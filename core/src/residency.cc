@@ -621,7 +621,6 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
   const bool verify = options_.verify_pins && b->pin_count == 0 &&
                       !b->unmovable && b->pin_hash_valid;
   const uint64_t expected_hash = b->pin_hash;
-  ++b->pins_taken;
   ++b->pin_count;
   SetActivity(b, was_active);
   *device_ptr = b->device_ptr;
@@ -681,7 +680,7 @@ Status Engine::Impl::Unpin(Buffer* b) {
     return FailedPrecondition("unpin of buffer " + std::to_string(b->id) +
                               " without a matching pin");
   }
-  NoteUnpinnedBytes(lock, b);
+  NoteUnpinnedBytes(b);
   const bool was_active = b->active();
   --b->pin_count;
   // The kernels that used the buffer were enqueued before this call; the
