@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "forwarding_device.h"
 #include "sim_device.h"
 #include "tflms/engine.h"
 
@@ -875,63 +876,21 @@ TEST(MarkUnmovableReturnsOnlyOnceTheBytesHaveLanded) {
 // `held_thread` blocks until `release` is set: the thread that paged a buffer
 // in is descheduled between leaving the engine and ordering the compute
 // stream after the copy, as any thread may be.
-class HeldWaitDevice : public Device {
+class HeldWaitDevice : public ForwardingDevice {
  public:
-  explicit HeldWaitDevice(SimDevice* sim) : sim_(sim) {}
+  explicit HeldWaitDevice(SimDevice* sim) : ForwardingDevice(sim) {}
   std::atomic<bool> holding{false};
   std::atomic<bool> held{false};
   std::atomic<bool> release{false};
   std::thread::id held_thread;
 
-  const char* Name() const override { return "held"; }
-  void* AllocateDeviceMemory(size_t b, size_t a) override {
-    return sim_->AllocateDeviceMemory(b, a);
-  }
-  void FreeDeviceMemory(void* p, size_t b) override {
-    sim_->FreeDeviceMemory(p, b);
-  }
-  void* AllocateHostMemory(size_t b) override {
-    return sim_->AllocateHostMemory(b);
-  }
-  void FreeHostMemory(void* p, size_t b) override {
-    sim_->FreeHostMemory(p, b);
-  }
-  Stream* GetStream(StreamKind k) override { return sim_->GetStream(k); }
-  Status CopyDeviceToHost(Stream* s, void* d, const void* src,
-                          size_t b) override {
-    return sim_->CopyDeviceToHost(s, d, src, b);
-  }
-  Status CopyHostToDevice(Stream* s, void* d, const void* src,
-                          size_t b) override {
-    return sim_->CopyHostToDevice(s, d, src, b);
-  }
-  Status CopyDeviceToDevice(Stream* s, void* d, const void* src,
-                            size_t b) override {
-    return sim_->CopyDeviceToDevice(s, d, src, b);
-  }
-  EventRef RecordEvent(Stream* s, Status* st) override {
-    return sim_->RecordEvent(s, st);
-  }
   Status WaitEvent(Stream* s, const EventRef& e) override {
-    if (holding && s == sim_->GetStream(StreamKind::kCompute) &&
+    if (holding && s == GetStream(StreamKind::kCompute) &&
         std::this_thread::get_id() == held_thread && !held.exchange(true)) {
       while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    return sim_->WaitEvent(s, e);
+    return ForwardingDevice::WaitEvent(s, e);
   }
-  Status SynchronizeEvent(const EventRef& e) override {
-    return sim_->SynchronizeEvent(e);
-  }
-  bool EventDone(const EventRef& e) override { return sim_->EventDone(e); }
-  Status ReadDeviceSync(void* h, const void* d, size_t b) override {
-    return sim_->ReadDeviceSync(h, d, b);
-  }
-  Status WriteDeviceSync(void* d, const void* h, size_t b) override {
-    return sim_->WriteDeviceSync(d, h, b);
-  }
-
- private:
-  SimDevice* sim_;
 };
 
 // Two kernels on two threads read a buffer whose page-in the first one's pin

@@ -7,8 +7,8 @@
 // enqueued later; the host thread does not wait. A CPU kernel runs on the host
 // thread the moment its inputs are pinned, so here waiting on the compute
 // stream blocks the calling thread until the event has completed. Everything
-// else is the SimDevice's (device memory is a host arena that CPU kernels
-// read and write directly; copies run on worker threads).
+// else is forwarded to the SimDevice (device memory is a host arena that CPU
+// kernels read and write directly; copies run on worker threads).
 //
 // Thread safety: the SimDevice is thread-safe; the one counter of its own is
 // atomic.
@@ -22,54 +22,22 @@
 #include <memory>
 #include <utility>
 
+#include "forwarding_device.h"
 #include "sim_device.h"
 #include "tflms/device.h"
 
 namespace tflms_tfcpu {
 
-class HostComputeDevice : public tflms::Device {
+class HostComputeDevice : public tflms::ForwardingDevice {
  public:
   explicit HostComputeDevice(std::unique_ptr<tflms::SimDevice> sim)
-      : sim_(std::move(sim)) {}
+      : ForwardingDevice(sim.get()), sim_(std::move(sim)) {}
 
   tflms::SimDevice* sim() const { return sim_.get(); }
   // Wall time kernels spent blocked on copies they were ordered after.
   int64_t kernel_wait_ns() const { return kernel_wait_ns_.load(); }
 
   const char* Name() const override { return "tfcpu-sim"; }
-  void* AllocateDeviceMemory(size_t bytes, size_t alignment) override {
-    return sim_->AllocateDeviceMemory(bytes, alignment);
-  }
-  void FreeDeviceMemory(void* ptr, size_t bytes) override {
-    sim_->FreeDeviceMemory(ptr, bytes);
-  }
-  void* AllocateHostMemory(size_t bytes) override {
-    return sim_->AllocateHostMemory(bytes);
-  }
-  void FreeHostMemory(void* ptr, size_t bytes) override {
-    sim_->FreeHostMemory(ptr, bytes);
-  }
-  tflms::Stream* GetStream(tflms::StreamKind kind) override {
-    return sim_->GetStream(kind);
-  }
-  tflms::Status CopyDeviceToHost(tflms::Stream* stream, void* host_dst,
-                                 const void* device_src,
-                                 size_t bytes) override {
-    return sim_->CopyDeviceToHost(stream, host_dst, device_src, bytes);
-  }
-  tflms::Status CopyHostToDevice(tflms::Stream* stream, void* device_dst,
-                                 const void* host_src, size_t bytes) override {
-    return sim_->CopyHostToDevice(stream, device_dst, host_src, bytes);
-  }
-  tflms::Status CopyDeviceToDevice(tflms::Stream* stream, void* device_dst,
-                                   const void* device_src,
-                                   size_t bytes) override {
-    return sim_->CopyDeviceToDevice(stream, device_dst, device_src, bytes);
-  }
-  tflms::EventRef RecordEvent(tflms::Stream* stream,
-                              tflms::Status* status) override {
-    return sim_->RecordEvent(stream, status);
-  }
   tflms::Status WaitEvent(tflms::Stream* stream,
                           const tflms::EventRef& event) override {
     if (stream == sim_->GetStream(tflms::StreamKind::kCompute)) {
@@ -85,36 +53,8 @@ class HostComputeDevice : public tflms::Device {
     }
     return sim_->WaitEvent(stream, event);
   }
-  tflms::Status SynchronizeEvent(const tflms::EventRef& event) override {
-    return sim_->SynchronizeEvent(event);
-  }
-  bool EventDone(const tflms::EventRef& event) override {
-    return sim_->EventDone(event);
-  }
-  tflms::Status ReadDeviceSync(void* host_dst, const void* device_src,
-                               size_t bytes) override {
-    return sim_->ReadDeviceSync(host_dst, device_src, bytes);
-  }
-  tflms::Status WriteDeviceSync(void* device_dst, const void* host_src,
-                                size_t bytes) override {
-    return sim_->WriteDeviceSync(device_dst, host_src, bytes);
-  }
-  // Fixed-address mode: host virtual memory, so a kernel touching an evicted
-  // buffer faults instead of reading stale bytes.
-  size_t VmGranularity() const override { return sim_->VmGranularity(); }
-  tflms::Status ReserveAddressRange(size_t bytes, size_t page_size,
-                                    void** base) override {
-    return sim_->ReserveAddressRange(bytes, page_size, base);
-  }
-  tflms::Status ReleaseAddressRange(void* base, size_t bytes) override {
-    return sim_->ReleaseAddressRange(base, bytes);
-  }
-  tflms::Status MapPages(void* addr, size_t bytes) override {
-    return sim_->MapPages(addr, bytes);
-  }
-  tflms::Status UnmapPages(void* addr, size_t bytes) override {
-    return sim_->UnmapPages(addr, bytes);
-  }
+  // Fixed-address mode forwards too: the sim's host virtual memory, so a
+  // kernel touching an evicted buffer faults instead of reading stale bytes.
 
  private:
   const std::unique_ptr<tflms::SimDevice> sim_;
