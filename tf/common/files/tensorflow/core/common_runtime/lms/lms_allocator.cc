@@ -15,8 +15,10 @@ limitations under the License.
 
 #include "tensorflow/core/common_runtime/lms/lms_allocator.h"
 
+#include <cctype>
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,11 +53,41 @@ const tflms::Buffer* AsBuffer(const void* handle) {
 
 }  // namespace
 
+absl::Status VerifyPinsFromEnv(bool* verify_pins) {
+  const char* env = std::getenv("TF_LMS_VERIFY_PINS");
+  if (env == nullptr || *env == '\0') return absl::OkStatus();
+  std::string value(env);
+  for (char& c : value) {
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  if (value == "1" || value == "true") {
+    *verify_pins = true;
+  } else if (value == "0" || value == "false") {
+    *verify_pins = false;
+  } else {
+    return absl::InvalidArgumentError(
+        "TF_LMS_VERIFY_PINS=" + std::string(env) +
+        " is not a boolean: set it to true or 1 to check every pin, false or "
+        "0 (or leave it unset) not to");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<LmsAllocator>> LmsAllocator::Create(
     std::unique_ptr<tflms::Device> device,
-    const tflms::EngineOptions& options) {
+    const tflms::EngineOptions& engine_options) {
   if (device == nullptr) {
     return absl::InvalidArgumentError("LmsAllocator needs a device");
+  }
+  tflms::EngineOptions options = engine_options;
+  absl::Status verify = VerifyPinsFromEnv(&options.verify_pins);
+  if (!verify.ok()) return verify;
+  if (options.verify_pins) {
+    LOG(WARNING) << "Large Model Support (" << options.name
+                 << "): every pin checks that the tensor holds the bytes its "
+                    "last unpin left (TF_LMS_VERIFY_PINS). Each check reads "
+                    "the tensor and waits for the GPU: for finding a stale "
+                    "read, not for training.";
   }
   auto engine = std::make_unique<tflms::Engine>(device.get(), options);
   absl::Status s = ToAbslStatus(engine->Init());

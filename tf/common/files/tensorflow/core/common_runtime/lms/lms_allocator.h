@@ -61,9 +61,16 @@ inline constexpr int64_t kMinLmsLimit = 256;
 // that the two agree.
 inline constexpr bool kPrefetchEnabledDefault = false;
 
+// TF_LMS_VERIFY_PINS, when set, overrides *verify_pins (EngineOptions): true
+// or 1 checks at every pin that a tensor holds the bytes its last unpin left
+// (slow; for finding a stale read on a GPU), false or 0 does not. An error
+// names any other value.
+absl::Status VerifyPinsFromEnv(bool* verify_pins);
+
 class LmsAllocator : public tsl::Allocator, public MovableAllocator {
  public:
-  // `options.name` names the allocator in logs and statistics.
+  // `options.name` names the allocator in logs and statistics. The
+  // environment may turn options.verify_pins on (VerifyPinsFromEnv).
   static absl::StatusOr<std::unique_ptr<LmsAllocator>> Create(
       std::unique_ptr<tflms::Device> device,
       const tflms::EngineOptions& options);
