@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         defrag=True,
         prefetch=True,
         verify_moves=True,
+        verify_pins=True,
     )
     run = ModelRun(eng, random.Random(args.seed), max_size=96 * 1024, device=args.device_kib * 1024)
     start = time.monotonic()

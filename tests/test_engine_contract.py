@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 
 import tflms
@@ -67,6 +69,20 @@ def test_pinned_context_and_allocation_pinned() -> None:
     assert a.pin_count == 0
     eng.free(a)
     eng.free(b)
+
+
+def test_verify_pins_reports_bytes_written_without_a_pin() -> None:
+    eng = tflms.Engine(device_memory=MiB, host_memory=8 * MiB, verify_pins=True)
+    a = eng.allocate(64 * 1024)
+    a.write(bytes(range(256)) * 256)
+    eng.reclaim_inactive()  # out and back in: the same bytes, the pin passes
+    with eng.pinned(a) as address:
+        pass
+    ctypes.memset(address + 1000, 0x5A, 1)  # a write no pin covers
+    with pytest.raises(RuntimeError, match=r"verify_pins: buffer \d+ \(65536 bytes\)"):
+        eng.pin(a)
+    assert a.pin_count == 0
+    eng.free(a)
 
 
 def test_out_of_memory_error_is_a_memory_error_and_lms_off_raises_at_once() -> None:

@@ -29,6 +29,7 @@ class EngineMachine(RuleBasedStateMachine):
             prefetch=prefetch,
             allow_growth=growth,
             verify_moves=True,
+            verify_pins=True,
         )
         self.live: dict[int, tuple[tflms.Buffer, bytes]] = {}
         self.pins: dict[int, int] = {}
@@ -163,7 +164,12 @@ def test_random_operations_against_model_many_steps() -> None:
     from tests.engine_model import ModelRun
 
     eng = tflms.Engine(
-        device_memory=DEVICE, host_memory=64 << 20, defrag=True, prefetch=True, verify_moves=True
+        device_memory=DEVICE,
+        host_memory=64 << 20,
+        defrag=True,
+        prefetch=True,
+        verify_moves=True,
+        verify_pins=True,
     )
     run = ModelRun(eng, random.Random(1234), MAX_SIZE, DEVICE)
     for _ in range(5000):

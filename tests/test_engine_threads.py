@@ -13,7 +13,12 @@ MiB = 1 << 20
 
 def test_eight_threads_for_a_bounded_time() -> None:
     eng = tflms.Engine(
-        device_memory=2 * MiB, host_memory=256 * MiB, defrag=True, prefetch=True, verify_moves=True
+        device_memory=2 * MiB,
+        host_memory=256 * MiB,
+        defrag=True,
+        prefetch=True,
+        verify_moves=True,
+        verify_pins=True,
     )
     deadline = time.monotonic() + 4.0
     corruptions: list[str] = []
