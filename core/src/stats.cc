@@ -289,7 +289,6 @@ std::string Engine::Impl::FragmentationLayout() const {
     std::string kind;
     size_t run_bytes = 0;
     int runs = 0;
-    int chunks = 0;
     auto flush = [&] {
       if (run_bytes == 0) return;
       if (runs < kShown) {
@@ -300,7 +299,6 @@ std::string Engine::Impl::FragmentationLayout() const {
     for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
          h = arena_->chunk(h)->next) {
       const BfcArena::Chunk* c = arena_->chunk(h);
-      ++chunks;
       std::string k;
       if (!c->in_use()) {
         k = "free";
