@@ -16,21 +16,26 @@ DEVICE = 256 * 1024
 MAX_SIZE = 48 * 1024
 
 
+def checked_engine(*, defrag: bool, prefetch: bool, allow_growth: bool = True) -> tflms.Engine:
+    """An LMS engine on DEVICE bytes that verifies every move and every pin's bytes."""
+    return tflms.Engine(
+        device_memory=DEVICE,
+        host_memory=64 << 20,
+        lms=True,
+        defrag=defrag,
+        prefetch=prefetch,
+        allow_growth=allow_growth,
+        verify_moves=True,
+        verify_pins=True,
+    )
+
+
 class EngineMachine(RuleBasedStateMachine):
     @initialize(
         defrag=st.booleans(), prefetch=st.booleans(), growth=st.booleans(), seed=st.integers(0, 99)
     )
     def start(self, defrag: bool, prefetch: bool, growth: bool, seed: int) -> None:
-        self.engine = tflms.Engine(
-            device_memory=DEVICE,
-            host_memory=64 << 20,
-            lms=True,
-            defrag=defrag,
-            prefetch=prefetch,
-            allow_growth=growth,
-            verify_moves=True,
-            verify_pins=True,
-        )
+        self.engine = checked_engine(defrag=defrag, prefetch=prefetch, allow_growth=growth)
         self.live: dict[int, tuple[tflms.Buffer, bytes]] = {}
         self.pins: dict[int, int] = {}
         self.next = 0
@@ -163,14 +168,7 @@ def test_random_operations_against_model_many_steps() -> None:
 
     from tests.engine_model import ModelRun
 
-    eng = tflms.Engine(
-        device_memory=DEVICE,
-        host_memory=64 << 20,
-        defrag=True,
-        prefetch=True,
-        verify_moves=True,
-        verify_pins=True,
-    )
+    eng = checked_engine(defrag=True, prefetch=True)
     run = ModelRun(eng, random.Random(1234), MAX_SIZE, DEVICE)
     for _ in range(5000):
         run.step()
