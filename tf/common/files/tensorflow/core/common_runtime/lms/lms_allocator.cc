@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<LmsAllocator>> LmsAllocator::Create(
   tflms::EngineOptions options = engine_options;
   absl::Status verify = VerifyPinsFromEnv(&options.verify_pins);
   if (!verify.ok()) return verify;
-  if (options.verify_pins) {
+  if (options.verify_pins && !engine_options.verify_pins) {
     LOG(WARNING) << "Large Model Support (" << options.name
                  << "): every pin checks that the tensor holds the bytes its "
                     "last unpin left (TF_LMS_VERIFY_PINS). Each check reads "
