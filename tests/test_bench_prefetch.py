@@ -1,0 +1,65 @@
+"""bench/prefetch_fit.py's figures and table (the runs themselves are `make bench-prefetch`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "prefetch_fit.py"
+
+
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("prefetch_fit", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("prefetch_fit", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def result(wait_ms: float, mb_in: float, mb_on_demand: float) -> dict[str, Any]:
+    return {
+        "wall_s": 2.0,
+        "kernel_wait_ns": wait_ms * 1e6,
+        "stats": {
+            "page_out_wait_ns": 0,
+            "bytes_paged_in": mb_in * 1e6,
+            "bytes_paged_in_on_demand": mb_on_demand * 1e6,
+            "prefetch_hits": 0,
+            "prefetch_pins": 0,
+            "prefetch_pins_in_order": 0,
+        },
+    }
+
+
+def test_the_wait_per_mb_compares_modes_across_the_two_traffic_regimes() -> None:
+    # One low-traffic and one high-traffic run per mode, as the executor's op order
+    # gives them: prefetch waits 0.5 ms per MB, on-demand 1 ms, whatever the traffic.
+    b = bench()
+    runs = {
+        "lms": [b.figures_of(result(100, 100, 100)), b.figures_of(result(300, 300, 300))],
+        "prefetch": [b.figures_of(result(150, 300, 50)), b.figures_of(result(160, 320, 60))],
+    }
+    assert runs["prefetch"][0]["wait_per_mb"] == pytest.approx(0.5)
+    table = b.format_table(runs)
+    # The medians of the wait mislead (155 ms against 200 ms, 0.78x); per MB says 0.5x.
+    assert "kernels waited 0.78x" in table, table
+    assert "waited per MB in 0.50x" in table, table
+    assert "| prefetch | 2.00 s [2.00 s - 2.00 s] | 155 ms [150 ms - 160 ms]" in table, table
+
+
+def test_a_run_that_paged_nothing_in_waits_zero_per_mb() -> None:
+    assert bench().figures_of(result(0, 0, 0))["wait_per_mb"] == 0.0
+
+
+def test_bad_arguments_are_named() -> None:
+    b = bench()
+    with pytest.raises(SystemExit):
+        b._parse_args(["--runs", "0"])  # noqa: SLF001
+    args = b._parse_args(["--device-memory", "4736KiB"])  # noqa: SLF001
+    assert args.device_memory == "4736KiB"
