@@ -13,14 +13,13 @@ paged in on demand (what prefetch did not bring back in time), the kernels' wait
 paged in, prefetch hits and the share of pins found in the learned order; then
 prefetch / on-demand of the medians.
 
-The traffic is bimodal in both modes: a run pages in either about 1x or about 3x the
-bytes, because the backward pass runs in one of two op orders. On a CPU device
-TensorFlow's executor times every kernel and runs those it finds cheap inline, the rest
-through its thread pool, so the order follows the machine's timing (on a GPU every
-kernel counts as cheap and the order does not). Medians of the wait then say more about
-how many runs fell into each order than about the mode; the wait per MB paged in does
-not, and is the figure to compare. `--device-memory` sets the modelled device (default:
-the test's, a quarter of the fit's peak).
+The traffic varies by up to 3x between runs in both modes, mostly between two levels,
+because TensorFlow runs the training function's kernels in a different order from one
+process to the next (docs/how-it-works.md; the cause is not found). Medians of the wait
+then say more about which orders the runs drew than about the mode. The wait per MB paged
+in hardly depends on the order (0.84-0.90 ms on demand at 2 GB/s, in either), and it is
+the figure to compare. `--device-memory` sets the modelled device (default: the test's, a
+quarter of the fit's peak).
 """
 
 from __future__ import annotations
@@ -97,8 +96,8 @@ def figures_of(result: dict[str, Any]) -> dict[str, Any]:
         "page_out_wait_ms": s["page_out_wait_ns"] / 1e6,
         "mb_paged_in": s["bytes_paged_in"] / 1e6,
         "mb_on_demand": s["bytes_paged_in_on_demand"] / 1e6,
-        # The traffic is bimodal whatever the mode (the executor's op order, below); the
-        # wait per MB moved compares the modes across that split.
+        # The traffic depends on the kernel order a run draws, whatever the mode; the wait
+        # per MB moved compares the modes across that.
         "wait_per_mb": result["kernel_wait_ns"] / 1e6 / (s["bytes_paged_in"] / 1e6)
         if s["bytes_paged_in"]
         else 0.0,
