@@ -10,7 +10,8 @@ counter sees on a GPU.
 Prints, per mode, the median [min - max] over runs of: the fit's wall time, the time
 kernels waited for copies, the time reclaims waited for page-outs, bytes paged in, bytes
 paged in on demand (what prefetch did not bring back in time), the kernels' wait per MB
-paged in, prefetch hits and the share of pins found in the learned order; then
+paged in, prefetch hits, the share of them whose copy had not landed when their kernel
+pinned them, and the share of pins found in the learned order; then
 prefetch / on-demand of the medians.
 
 The traffic varies by up to 3x between runs in both modes, mostly between two levels,
@@ -102,6 +103,9 @@ def figures_of(result: dict[str, Any]) -> dict[str, Any]:
         if s["bytes_paged_in"]
         else 0.0,
         "prefetch_hits": s["prefetch_hits"],
+        "late_pct": 100.0 * s["prefetch_hits_late"] / s["prefetch_hits"]
+        if s["prefetch_hits"]
+        else 0.0,
         "in_order_pct": 100.0 * s["prefetch_pins_in_order"] / s["prefetch_pins"]
         if s["prefetch_pins"]
         else 0.0,
@@ -116,6 +120,7 @@ COLUMNS = (
     ("mb_on_demand", "on demand", "{:.0f} MB"),
     ("wait_per_mb", "waited per MB in", "{:.2f} ms"),
     ("prefetch_hits", "prefetch hits", "{:.0f}"),
+    ("late_pct", "hits late", "{:.0f}%"),
     ("in_order_pct", "pins in order", "{:.0f}%"),
 )
 

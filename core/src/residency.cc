@@ -612,8 +612,20 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
   }
   if (waited_since >= 0) counters_.page_in_stall_ns += NowNs() - waited_since;
   ReleaseSettledHostCopies(&lock, /*wait=*/false);
+  // Every pin orders its kernel after the copy until the copy is known done
+  // (Buffer::ready): the first pinner may not have reached the compute
+  // stream yet when a second kernel is launched.
+  EventRef ready = b->ready;
+  if (ready && device_->EventDone(ready)) {
+    b->ready.reset();
+    ready.reset();
+  }
   if (b->prefetched) {
     ++counters_.prefetch_hits;
+    if (ready) {  // still landing: the kernel waits for the rest
+      ++counters_.prefetch_hits_late;
+      counters_.bytes_prefetched_late += static_cast<int64_t>(b->size);
+    }
     prefetch_.inflight_bytes -= b->size;
     b->prefetched = false;
   }
@@ -624,14 +636,6 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
   ++b->pin_count;
   SetActivity(b, was_active);
   *device_ptr = b->device_ptr;
-  // Every pin orders its kernel after the copy until the copy is known done
-  // (Buffer::ready): the first pinner may not have reached the compute
-  // stream yet when a second kernel is launched.
-  EventRef ready = b->ready;
-  if (ready && device_->EventDone(ready)) {
-    b->ready.reset();
-    ready.reset();
-  }
   std::vector<Buffer*> plan;
   if (options_.prefetch_enabled) plan = NotePinAndPlan(b);
   if (!plan.empty()) RunPrefetch(lock, plan);

@@ -45,6 +45,8 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"prefetch_hits", prefetch_hits},
       {"prefetch_misses", prefetch_misses},
       {"bytes_paged_in_on_demand", bytes_paged_in_on_demand},
+      {"prefetch_hits_late", prefetch_hits_late},
+      {"bytes_prefetched_late", bytes_prefetched_late},
       {"num_prefetch_steps", num_prefetch_steps},
       {"prefetch_pins", prefetch_pins},
       {"prefetch_pins_in_order", prefetch_pins_in_order},

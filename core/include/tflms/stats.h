@@ -63,6 +63,12 @@ struct EngineStats {
   // (stream-ordered, so the host does not), which page_in_stall_ns cannot
   // show; prefetch is meant to shrink it.
   int64_t bytes_paged_in_on_demand = 0;
+  // Of prefetch_hits, those whose copy had not landed when the kernel pinned
+  // the buffer, and their bytes: the kernel still waits for the rest of the
+  // copy. Many late hits mean prefetches start too close to their use (no
+  // room earlier, or the link busy with other copies).
+  int64_t prefetch_hits_late = 0;
+  int64_t bytes_prefetched_late = 0;
   // Step learning: steps told apart (StepBegin, or found from the step ids
   // at the pin sites), pins recorded, and those found in the learned order
   // near where the step had got to. A low share in order means the steps
