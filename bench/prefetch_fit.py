@@ -103,7 +103,7 @@ def figures_of(result: dict[str, Any]) -> dict[str, Any]:
         if s["bytes_paged_in"]
         else 0.0,
         "prefetch_hits": s["prefetch_hits"],
-        "late_pct": 100.0 * s["prefetch_hits_late"] / s["prefetch_hits"]
+        "in_flight_pct": 100.0 * s["prefetch_hits_in_flight"] / s["prefetch_hits"]
         if s["prefetch_hits"]
         else 0.0,
         "in_order_pct": 100.0 * s["prefetch_pins_in_order"] / s["prefetch_pins"]
@@ -120,7 +120,7 @@ COLUMNS = (
     ("mb_on_demand", "on demand", "{:.0f} MB"),
     ("wait_per_mb", "waited per MB in", "{:.2f} ms"),
     ("prefetch_hits", "prefetch hits", "{:.0f}"),
-    ("late_pct", "hits late", "{:.0f}%"),
+    ("in_flight_pct", "hits in flight", "{:.0f}%"),
     ("in_order_pct", "pins in order", "{:.0f}%"),
 )
 

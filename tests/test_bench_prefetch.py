@@ -31,7 +31,7 @@ def result(wait_ms: float, mb_in: float, mb_on_demand: float) -> dict[str, Any]:
             "bytes_paged_in": mb_in * 1e6,
             "bytes_paged_in_on_demand": mb_on_demand * 1e6,
             "prefetch_hits": 0,
-            "prefetch_hits_late": 0,
+            "prefetch_hits_in_flight": 0,
             "prefetch_pins": 0,
             "prefetch_pins_in_order": 0,
         },

@@ -622,9 +622,9 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
   }
   if (b->prefetched) {
     ++counters_.prefetch_hits;
-    if (ready) {  // still landing: the kernel waits for the rest
-      ++counters_.prefetch_hits_late;
-      counters_.bytes_prefetched_late += static_cast<int64_t>(b->size);
+    if (ready) {  // still landing when the kernel is launched
+      ++counters_.prefetch_hits_in_flight;
+      counters_.bytes_prefetched_in_flight += static_cast<int64_t>(b->size);
     }
     prefetch_.inflight_bytes -= b->size;
     b->prefetched = false;

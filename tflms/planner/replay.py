@@ -459,7 +459,6 @@ STEP_COUNTERS = (
     "bytes_defragged",
     "num_prefetches",
     "prefetch_hits",
-    "prefetch_hits_late",
     "prefetch_misses",
     "page_in_stall_ns",
 )

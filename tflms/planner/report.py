@@ -104,8 +104,7 @@ def format_simulate(rep: dict[str, Any]) -> str:
                 f"{format_bytes(r['d2h_bytes'])} / {format_bytes(r['h2d_bytes'])}",
                 secs(r["compute_stall_s"]),
                 str(st.get("num_page_ins", 0)),
-                f"{st.get('prefetch_hits', 0)} ({st.get('prefetch_hits_late', 0)})"
-                f"/{st.get('prefetch_misses', 0)}",
+                f"{st.get('prefetch_hits', 0)}/{st.get('prefetch_misses', 0)}",
             ]
         )
     out.append(
@@ -119,7 +118,7 @@ def format_simulate(rep: dict[str, Any]) -> str:
                 "swapped out / in per step",
                 "page-in stall",
                 "page-ins",
-                "prefetch hit (late) / miss",
+                "prefetch hit/miss",
             ],
             rows,
         )

@@ -63,12 +63,13 @@ struct EngineStats {
   // (stream-ordered, so the host does not), which page_in_stall_ns cannot
   // show; prefetch is meant to shrink it.
   int64_t bytes_paged_in_on_demand = 0;
-  // Of prefetch_hits, those whose copy had not landed when the kernel pinned
-  // the buffer, and their bytes: the kernel still waits for the rest of the
-  // copy. Many late hits mean prefetches start too close to their use (no
-  // room earlier, or the link busy with other copies).
-  int64_t prefetch_hits_late = 0;
-  int64_t bytes_prefetched_late = 0;
+  // Of prefetch_hits, those whose copy was still in flight when the pin
+  // ordered the kernel after it, and their bytes. Where kernels run as they
+  // are launched (the CPU harness) each such kernel waited for the rest of
+  // its copy; on a GPU the host usually runs ahead of the kernels, and the
+  // copy may land before the kernel starts, so there it is an upper bound.
+  int64_t prefetch_hits_in_flight = 0;
+  int64_t bytes_prefetched_in_flight = 0;
   // Step learning: steps told apart (StepBegin, or found from the step ids
   // at the pin sites), pins recorded, and those found in the learned order
   // near where the step had got to. A low share in order means the steps
