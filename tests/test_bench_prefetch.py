@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,7 +16,6 @@ def bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location("prefetch_fit", BENCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("prefetch_fit", module)
     spec.loader.exec_module(module)
     return module
 
