@@ -15,7 +15,6 @@ limitations under the License.
 
 #include "tensorflow/core/common_runtime/lms/lms_allocator.h"
 
-#include <cctype>
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
@@ -33,6 +32,7 @@ limitations under the License.
 #include "tflms/stats.h"
 #include "tflms/status.h"
 #include "xla/tsl/framework/allocator.h"
+#include "xla/tsl/util/env_var.h"
 
 namespace tensorflow {
 namespace lms {
@@ -56,20 +56,15 @@ const tflms::Buffer* AsBuffer(const void* handle) {
 absl::Status VerifyPinsFromEnv(bool* verify_pins) {
   const char* env = std::getenv("TF_LMS_VERIFY_PINS");
   if (env == nullptr || *env == '\0') return absl::OkStatus();
-  std::string value(env);
-  for (char& c : value) {
-    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  }
-  if (value == "1" || value == "true") {
-    *verify_pins = true;
-  } else if (value == "0" || value == "false") {
-    *verify_pins = false;
-  } else {
+  bool value = *verify_pins;
+  if (!tsl::ReadBoolFromEnvVar("TF_LMS_VERIFY_PINS", *verify_pins, &value)
+           .ok()) {
     return absl::InvalidArgumentError(
         "TF_LMS_VERIFY_PINS=" + std::string(env) +
         " is not a boolean: set it to true or 1 to check every pin, false or "
         "0 (or leave it unset) not to");
   }
+  *verify_pins = value;
   return absl::OkStatus();
 }
 
