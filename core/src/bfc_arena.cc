@@ -404,6 +404,29 @@ size_t BfcArena::LargestFreeChunk() const {
   return 0;
 }
 
+size_t BfcArena::LargestFreeAfterTaking(size_t rounded) const {
+  ChunkHandle taken = kInvalidChunk;
+  for (int b = BinNumForSize(rounded); b < kNumBins && taken == kInvalidChunk;
+       ++b) {
+    for (ChunkHandle h : bins_[b]) {
+      if (chunk(h)->size >= rounded) {
+        taken = h;
+        break;
+      }
+    }
+  }
+  if (taken == kInvalidChunk) return 0;
+  // The largest chunk other than the one taken, and what is left of it.
+  size_t largest = chunk(taken)->size - rounded;
+  for (int b = kNumBins - 1; b >= 0; --b) {
+    for (auto it = bins_[b].rbegin(); it != bins_[b].rend(); ++it) {
+      if (*it == taken) continue;
+      return std::max(largest, chunk(*it)->size);
+    }
+  }
+  return largest;
+}
+
 size_t BfcArena::TotalFreeBytes() const {
   return total_region_allocated_bytes_ - bytes_in_use_;
 }

@@ -126,6 +126,9 @@ class BfcArena {
   // largest_alloc_size to 0, peaks to the current values.
   void ClearStats();
   size_t LargestFreeChunk() const;
+  // The largest free chunk once FindChunk(rounded) took its best fit (0 if
+  // nothing fits): what a later request could still get.
+  size_t LargestFreeAfterTaking(size_t rounded) const;
   size_t TotalFreeBytes() const;
   // Count of chunks (for invariant checks).
   size_t CheckAndCountChunks(bool* ok) const;

@@ -406,6 +406,7 @@ void Engine::Impl::UntrackBuffer(Buffer* b) {
 }
 
 void Engine::Impl::DestroyBufferLocked(Buffer* b) {
+  ReleaseCleanCopyLocked(b);  // before b->ready is dropped below
   if (b->ready) {
     // A page-in into this chunk may still be landing and no kernel waited
     // for it; order the chunk's next user (on the compute stream) after it.
@@ -435,7 +436,8 @@ void Engine::Impl::DestroyBufferLocked(Buffer* b) {
     b->host_ptr = nullptr;
   }
   if (b->prefetched) {
-    prefetch_.inflight_bytes -= b->size;
+    if (!b->prefetch_planned) prefetch_.inflight_bytes -= b->size;
+    b->prefetch_planned = false;
     b->prefetched = false;
   }
   ForgetBufferForPrefetch(b);

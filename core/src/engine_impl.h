@@ -54,6 +54,14 @@ class Buffer {
   bool unmovable = false;
   bool free_requested = false;  // freed while a copy was in flight
   bool prefetched = false;      // paged in ahead of use, not pinned since
+  // While prefetched: paged in by the step's plan (StartPlannedPageInsLocked)
+  // rather than by the look-ahead, whose byte budget it does not count in.
+  bool prefetch_planned = false;
+  // While prefetched and not pinned since: the host copy it was paged in
+  // from, whose bytes it still holds (nothing writes a buffer unpinned), so
+  // that an eviction before the pin needs no copy (EvictCleanLocked).
+  void* clean_host = nullptr;
+  size_t clean_host_bytes = 0;
   // While prefetched: how many pins ahead of its use it was paged in.
   size_t prefetch_distance = 0;
   // Paged out ahead of pressure (kPagingOut with no thread waiting on the
@@ -345,7 +353,17 @@ class Engine::Impl {
   // A page-out whose copy is proven complete, its chunk already released (or,
   // in fixed-address mode, unmapped) by the caller: the bytes live only at
   // `host` from now on. REQUIRES: mu_ held.
-  void CompletePageOutLocked(Buffer* v, void* host);
+  // `copied`: false for a clean eviction, which bytes_reclaimed leaves out.
+  void CompletePageOutLocked(Buffer* v, void* host, bool copied = true);
+  // Frees a buffer's clean host copy (Buffer::clean_host) once the page-in
+  // that read it has landed.
+  void ReleaseCleanCopyLocked(Buffer* b);
+  // Every clean host copy, for a page-out that found the host pool full.
+  void ReleaseAllCleanCopiesLocked();
+  // Evicts `v` without a copy if it has a clean host copy and the page-in
+  // that brought it has landed: its chunk is freed and the host copy is its
+  // own again. False, changing nothing, otherwise.
+  bool TryEvictCleanLocked(Buffer* v);
   void NoteVictimLocked(const Buffer* v);
   // Notes a memory event of the step being recorded (the plan's input).
   void NoteStepEventLocked(StepEvent::Kind kind, const Buffer* b);
@@ -359,6 +377,9 @@ class Engine::Impl {
   // Starts the page-outs of start_outs not started yet, once the plan is
   // followed. Returns with `lock` held.
   void StartPlannedPageOutsLocked(std::unique_lock<std::mutex>& lock);
+  // Pages in the plan's copy-ins whose issue position the step has reached
+  // (PlanStepLocked), oldest first; stops at one that finds no free room.
+  void StartPlannedPageInsLocked(std::unique_lock<std::mutex>& lock);
   // A prefetched buffer is paged out again before its pin: the memory it
   // took was needed first. Its key is paged in closer to its use from now.
   void NotePrefetchWastedLocked(Buffer* b);
@@ -561,6 +582,8 @@ class Engine::Impl {
     uint64_t free_seq = 0;
   };
   std::vector<EarlyPageOut> early_outs_;
+  // Buffers holding a clean host copy (Buffer::clean_host).
+  int64_t clean_copies_ = 0;
 
   // Buffers in a transient state (kPagingOut, kPagingIn, kMoving); an
   // allocation that found nothing to reclaim waits for them to settle.
@@ -647,6 +670,18 @@ class Engine::Impl {
     // out as soon as the plan is followed (StartPlannedPageOutsLocked).
     std::vector<int64_t> start_outs;
     size_t start_next = 0;  // the first of start_outs not started yet
+    // The plan's copy-ins: each evicted buffer's page-in may start at the
+    // pin position from which, with its bytes added, the plan's memory
+    // stays within the limit until its use (`need_at`), as the planner's
+    // Ideal schedule places them. Ordered by issue position.
+    struct PlannedIn {
+      size_t issue_at = 0;
+      size_t need_at = 0;
+      int64_t key = 0;
+    };
+    std::vector<PlannedIn> planned_ins;
+    size_t in_next = 0;  // the first of planned_ins not started yet
+    uint64_t plan_generation = 0;  // bumped by every PlanStepLocked
     size_t plan_largest = 0;  // the largest buffer of the planned step
     size_t early_out_bytes = 0;  // host bytes of early page-outs in flight
   } prefetch_;

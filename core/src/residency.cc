@@ -212,12 +212,21 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
   copies.reserve(victims.size());
   bool need_fresh = false;
   for (Buffer* v : victims) {
+    if (v->clean_host != nullptr) {
+      const size_t chunk_size = arena_->chunk(v->chunk)->size;
+      if (TryEvictCleanLocked(v)) {
+        *bytes += chunk_size;
+        continue;
+      }
+      ReleaseCleanCopyLocked(v);  // still landing: copied out as any other
+    }
     LruRemove(v);
     v->state = BufferState::kPagingOut;
     ++transitions_in_flight_;
     if (v->prefetched) {  // a prefetch that came too early
       NotePrefetchWastedLocked(v);
-      prefetch_.inflight_bytes -= v->size;
+      if (!v->prefetch_planned) prefetch_.inflight_bytes -= v->size;
+    v->prefetch_planned = false;
       v->prefetched = false;
     }
     copies.emplace_back();
@@ -237,7 +246,8 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
   uint64_t fresh_free_seq = 0;
   if (need_fresh) fresh_epoch = CloseEpochLocked(&fresh_free_seq);
   ReleaseSettledHostCopies(&lock, /*wait=*/false);
-  const bool retry_after_drain = !pending_host_frees_.empty();
+  const bool retry_after_drain =
+      !pending_host_frees_.empty() || clean_copies_ > 0;
   lock.unlock();
 
   const int64_t start = NowNs();
@@ -265,8 +275,10 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
     c.host = host_pool_->Allocate(c.size, &s);
     if (c.host == nullptr && retry_after_drain && !drained) {
       // Host copies of recent page-ins may still be waiting for their
-      // events; wait for them and try once more before giving up.
+      // events, and prefetched buffers keep clean copies that are only
+      // an optimization: free them all and try once more.
       lock.lock();
+      ReleaseAllCleanCopiesLocked();
       ReleaseSettledHostCopies(&lock, /*wait=*/true);
       lock.unlock();
       drained = true;
@@ -332,6 +344,8 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
 
 void Engine::Impl::StartEarlyPageOut(std::unique_lock<std::mutex>& lock,
                                      Buffer* v) {
+  if (TryEvictCleanLocked(v)) return;
+  ReleaseCleanCopyLocked(v);
   LruRemove(v);
   v->state = BufferState::kPagingOut;
   v->early_out = true;
@@ -551,8 +565,15 @@ Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
     cv_.notify_all();
     return status;
   }
-  // The copy reads the host copy asynchronously: free it once it landed.
-  pending_host_frees_.push_back({host, b->host_bytes, ready});
+  if (for_prefetch && !fixed_) {
+    // Kept until the first pin: an eviction before it needs no copy.
+    b->clean_host = host;
+    b->clean_host_bytes = b->host_bytes;
+    ++clean_copies_;
+  } else {
+    // The copy reads the host copy asynchronously: free it once it landed.
+    pending_host_frees_.push_back({host, b->host_bytes, ready});
+  }
   counters_.current_bytes_reclaimed -= static_cast<int64_t>(b->host_bytes);
   b->host_ptr = nullptr;
   b->host_bytes = 0;
@@ -615,6 +636,7 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
   // Every pin orders its kernel after the copy until the copy is known done
   // (Buffer::ready): the first pinner may not have reached the compute
   // stream yet when a second kernel is launched.
+  ReleaseCleanCopyLocked(b);  // the kernel may write it from now on
   EventRef ready = b->ready;
   if (ready && device_->EventDone(ready)) {
     b->ready.reset();
@@ -626,7 +648,8 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
       ++counters_.prefetch_hits_in_flight;
       counters_.bytes_prefetched_in_flight += static_cast<int64_t>(b->size);
     }
-    prefetch_.inflight_bytes -= b->size;
+    if (!b->prefetch_planned) prefetch_.inflight_bytes -= b->size;
+    b->prefetch_planned = false;
     b->prefetched = false;
   }
   const bool was_active = b->active();
@@ -639,7 +662,10 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
   std::vector<Buffer*> plan;
   if (options_.prefetch_enabled) plan = NotePinAndPlan(b);
   if (!plan.empty()) RunPrefetch(lock, plan);
-  if (options_.prefetch_enabled) StartPlannedPageOutsLocked(lock);
+  if (options_.prefetch_enabled) {
+    StartPlannedPageOutsLocked(lock);
+    StartPlannedPageInsLocked(lock);
+  }
   lock.unlock();
   Status status;
   if (ready) {
@@ -664,14 +690,66 @@ void Engine::Impl::AbandonPageOutLocked(Buffer* v, void* host) {
   }
 }
 
-void Engine::Impl::CompletePageOutLocked(Buffer* v, void* host) {
+void Engine::Impl::ReleaseCleanCopyLocked(Buffer* b) {
+  if (b->clean_host == nullptr) return;
+  if (b->ready) {
+    // The page-in may still be reading it.
+    pending_host_frees_.push_back(
+        {b->clean_host, b->clean_host_bytes, b->ready});
+  } else {
+    host_pool_->Free(b->clean_host);
+  }
+  b->clean_host = nullptr;
+  b->clean_host_bytes = 0;
+  --clean_copies_;
+}
+
+void Engine::Impl::ReleaseAllCleanCopiesLocked() {
+  for (Buffer* b = all_head_; b != nullptr && clean_copies_ > 0;
+       b = b->all_next) {
+    ReleaseCleanCopyLocked(b);
+  }
+}
+
+bool Engine::Impl::TryEvictCleanLocked(Buffer* v) {
+  // Until the page-in has landed its copy still reads the host copy and
+  // writes the chunk; evicted then, the buffer's next page-in, or the
+  // chunk's next user, would race it.
+  if (v->clean_host == nullptr || (v->ready && !device_->EventDone(v->ready))) {
+    return false;
+  }
+  LruRemove(v);
+  if (v->prefetched) {  // a prefetch that came too early
+    NotePrefetchWastedLocked(v);
+    if (!v->prefetch_planned) prefetch_.inflight_bytes -= v->size;
+    v->prefetch_planned = false;
+    v->prefetched = false;
+  }
+  const size_t chunk_size = arena_->chunk(v->chunk)->size;
+  AddChunkBytes(v, -static_cast<int64_t>(chunk_size));
+  arena_->FreeChunk(v->chunk);
+  v->device_ptr = nullptr;
+  void* host = v->clean_host;
+  v->clean_host = nullptr;
+  v->clean_host_bytes = 0;
+  --clean_copies_;
+  CompletePageOutLocked(v, host, /*copied=*/false);
+  ++counters_.num_clean_evictions;
+  counters_.bytes_evicted_clean += static_cast<int64_t>(v->size);
+  if (options_.prefetch_enabled) NoteVictimLocked(v);
+  if (v->free_requested) DestroyBufferLocked(v);
+  return true;
+}
+
+void Engine::Impl::CompletePageOutLocked(Buffer* v, void* host,
+                                         bool copied) {
   v->chunk = BfcArena::kInvalidChunk;
   v->host_ptr = host;
   v->host_bytes = v->size;
   v->last_use_epoch = 0;
   v->ready.reset();
   v->state = BufferState::kReclaimed;
-  counters_.bytes_reclaimed += static_cast<int64_t>(v->size);
+  if (copied) counters_.bytes_reclaimed += static_cast<int64_t>(v->size);
   counters_.current_bytes_reclaimed += static_cast<int64_t>(v->size);
   counters_.peak_bytes_reclaimed = std::max(
       counters_.peak_bytes_reclaimed, counters_.current_bytes_reclaimed);

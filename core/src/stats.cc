@@ -47,6 +47,8 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"bytes_paged_in_on_demand", bytes_paged_in_on_demand},
       {"prefetch_hits_in_flight", prefetch_hits_in_flight},
       {"bytes_prefetched_in_flight", bytes_prefetched_in_flight},
+      {"num_clean_evictions", num_clean_evictions},
+      {"bytes_evicted_clean", bytes_evicted_clean},
       {"num_prefetch_steps", num_prefetch_steps},
       {"prefetch_pins", prefetch_pins},
       {"prefetch_pins_in_order", prefetch_pins_in_order},
@@ -186,8 +188,18 @@ Status Engine::Impl::CheckInvariants() const {
     return Internal("bytes_active + bytes_inactive != bytes_in_use");
   }
   int64_t reclaimed = 0;
+  int64_t clean_bytes = 0;
+  int64_t clean_copies = 0;
   size_t lru_count = 0;
   for (const Buffer* b : live) {
+    if (b->clean_host != nullptr) {
+      // Only a prefetched buffer not pinned since holds its host copy.
+      if (!b->resident() || !b->prefetched || b->pin_count != 0 || fixed_) {
+        return Internal("clean host copy on a buffer that may have changed");
+      }
+      clean_bytes += static_cast<int64_t>(b->clean_host_bytes);
+      ++clean_copies;
+    }
     if (b->state == BufferState::kReclaimed) {
       if (b->resident() || b->host_ptr == nullptr) {
         return Internal("reclaimed buffer without a host copy");
@@ -222,7 +234,11 @@ Status Engine::Impl::CheckInvariants() const {
   if (reclaimed != counters_.current_bytes_reclaimed) {
     return Internal("current_bytes_reclaimed drifted");
   }
-  if (reclaimed > static_cast<int64_t>(host_pool_->bytes_in_use())) {
+  if (clean_copies != clean_copies_) {
+    return Internal("clean host copies miscounted");
+  }
+  if (reclaimed + clean_bytes >
+      static_cast<int64_t>(host_pool_->bytes_in_use())) {
     return Internal("reclaimed bytes exceed host bytes in use");
   }
   if (fixed_) return CheckPagesLocked();

@@ -1135,6 +1135,185 @@ TEST(PrefetchPlanPagesOutAWeightForTheNextStep) {
   EXPECT_OK(f.engine_->CheckInvariants());
 }
 
+// A training step in miniature: the forward pass makes activation A and
+// then seven more 1 MiB tensors, which do not all fit beside it in 8 MiB, so
+// A (needed last) is evicted; the backward pass frees them one by one, with
+// kernels on a small tensor x in between, and finally reads A. Each kernel
+// runs 2 ms; the link moves 50 MB/s, so A's copy back takes 21 ms.
+struct PlannedStepRun {
+  explicit PlannedStepRun(size_t host_limit = 64 * kMiB) {
+    SimOptions so;
+    so.device_memory = 8 * kMiB;
+    so.link_bytes_per_second = 50e6;
+    device = std::make_unique<SimDevice>(so);
+    EngineOptions eo;
+    eo.memory_limit = 8 * kMiB;
+    eo.host_memory_limit = host_limit;
+    eo.lms_enabled = true;
+    eo.verify_pins = true;
+    eo.prefetch_enabled = true;
+    // Two pins ahead (4 ms): the look-ahead alone cannot land A in time.
+    eo.prefetch_lookahead = 2;
+    eo.allow_growth = false;  // one region, as TensorFlow takes by default
+    engine = std::make_unique<Engine>(device.get(), eo);
+    EXPECT_OK(engine->Init());
+    Status s;
+    x = engine->AllocateBuffer(64 * 1024, false, &s);
+    EXPECT_OK(s);
+  }
+  void Op(std::initializer_list<Buffer*> in) {
+    void* p;
+    for (Buffer* b : in) EXPECT_OK(engine->Pin(b, &p));
+    device->Compute(2e-3);
+    device->HostAdvance(2e-3);
+    for (Buffer* b : in) EXPECT_OK(engine->Unpin(b));
+  }
+  // One step up to the kernel that reads A (returned, unpinned).
+  Buffer* StepUntilA(const std::string& a_bytes) {
+    engine->StepBegin();
+    Op({x});
+    Status s;
+    void* p;
+    Buffer* a = engine->AllocateBuffer(kMiB, true, &s, &p);
+    EXPECT_OK(s);
+    device->Compute(2e-3);
+    device->HostAdvance(2e-3);
+    EXPECT_OK(engine->Unpin(a));
+    EXPECT_OK(engine->WriteBuffer(a, 0, a_bytes.data(), a_bytes.size()));
+    std::vector<Buffer*> f;
+    for (int i = 0; i < 7; ++i) {
+      f.push_back(engine->AllocateBuffer(kMiB, true, &s, &p));
+      EXPECT_OK(s);
+      device->Compute(2e-3);
+      device->HostAdvance(2e-3);
+      EXPECT_OK(engine->Unpin(f.back()));
+    }
+    for (int i = 6; i >= 0; --i) {
+      Op({f[static_cast<size_t>(i)], x});
+      EXPECT_OK(engine->FreeBuffer(f[static_cast<size_t>(i)]));
+      for (int k = 0; k < 4; ++k) Op({x});
+    }
+    return a;
+  }
+  void EndStep(Buffer* a) {
+    EXPECT_OK(engine->FreeBuffer(a));
+    for (int i = 0; i < 20; ++i) Op({x});  // enough pins to trust the order
+  }
+  std::unique_ptr<SimDevice> device;
+  std::unique_ptr<Engine> engine;
+  Buffer* x = nullptr;
+};
+
+TEST(PrefetchPlanBringsAnEvictedTensorBackWhereItFits) {
+  // The plan (Belady over the recorded step) has A's copy back start once
+  // the backward pass has freed room for it (leaving twice the largest
+  // buffer free), some 24 kernels before its use, not at the look-ahead's
+  // two: from the fourth step on A is a prefetch hit that landed before
+  // its kernel, and its bytes are intact.
+  PlannedStepRun r;
+  const std::string bytes = Pattern(kMiB, 11);
+  EngineStats before;
+  for (int step = 0; step < 6; ++step) {
+    if (step == 3) before = r.engine->GetStats();
+    Buffer* a = r.StepUntilA(bytes);
+    r.Op({a, r.x});
+    EXPECT(Holds(r.engine.get(), a, bytes));
+    r.EndStep(a);
+  }
+  EngineStats after = r.engine->GetStats();
+  EXPECT(after.prefetch_hits - before.prefetch_hits >= 3);
+  EXPECT(after.prefetch_hits_in_flight == before.prefetch_hits_in_flight);
+  EXPECT(after.prefetch_misses == before.prefetch_misses);
+  EXPECT(after.num_single_reclaims == before.num_single_reclaims);
+  EXPECT_OK(r.engine->FreeBuffer(r.x));
+  EXPECT_OK(r.engine->CheckInvariants());
+  EXPECT(r.engine->GetStats().host_bytes_in_use == 0);
+}
+
+TEST(PrefetchedTensorEvictedBeforeItsPinLeavesWithoutACopy) {
+  // A prefetched buffer keeps the host copy it came from until its first
+  // pin: evicted before that pin it needs no copy out. Once pinned (a
+  // kernel may have written it) the copy is gone, and an eviction copies
+  // the new bytes out.
+  PlannedStepRun r;
+  const std::string bytes = Pattern(kMiB, 12);
+  const std::string written = Pattern(kMiB, 13);
+  for (int step = 0; step < 5; ++step) {
+    Buffer* a = r.StepUntilA(bytes);
+    if (step == 4) {
+      EXPECT(r.engine->GetBufferState(a) == BufferState::kResident);
+      const EngineStats before = r.engine->GetStats();
+      size_t reclaimed = 0;
+      EXPECT_OK(r.engine->ReclaimInactive(&reclaimed));
+      const EngineStats after = r.engine->GetStats();
+      EXPECT(r.engine->GetBufferState(a) == BufferState::kReclaimed);
+      EXPECT(after.num_clean_evictions - before.num_clean_evictions == 1);
+      EXPECT(after.bytes_evicted_clean - before.bytes_evicted_clean ==
+             static_cast<int64_t>(kMiB));
+      // Only x was copied out.
+      EXPECT(after.bytes_reclaimed - before.bytes_reclaimed == 64 * 1024);
+      EXPECT_OK(r.engine->CheckInvariants());
+    }
+    r.Op({a, r.x});
+    EXPECT(Holds(r.engine.get(), a, bytes));
+    if (step == 3) {
+      // A came in by prefetch and was pinned: a write now must survive an
+      // eviction (a kept host copy would bring the old bytes back).
+      EXPECT_OK(r.engine->WriteBuffer(a, 0, written.data(), written.size()));
+      const EngineStats before = r.engine->GetStats();
+      size_t reclaimed = 0;
+      EXPECT_OK(r.engine->ReclaimInactive(&reclaimed));
+      const EngineStats after = r.engine->GetStats();
+      EXPECT(r.engine->GetBufferState(a) == BufferState::kReclaimed);
+      EXPECT(after.num_clean_evictions == before.num_clean_evictions);
+      EXPECT(Holds(r.engine.get(), a, written));
+    }
+    r.EndStep(a);
+  }
+  EXPECT_OK(r.engine->FreeBuffer(r.x));
+  EXPECT_OK(r.engine->CheckInvariants());
+  EXPECT(r.engine->GetStats().host_bytes_in_use == 0);
+}
+
+TEST(CleanHostCopiesGiveWayToPageOutsWhenTheHostPoolIsFull) {
+  // Twelve 200 KiB buffers cycle through a 1 MiB device: about seven live
+  // on the host at any time, and up to two prefetched ones keep clean host
+  // copies as well. With a host pool just large enough for the former, a
+  // page-out that finds it full frees the clean copies and goes on.
+  constexpr size_t kSize = 200 * 1024;
+  Fixture f(1 * kMiB, 1600 * 1024, true, false, /*prefetch=*/true,
+            /*prefetch_budget=*/512 * 1024);
+  Status s;
+  std::vector<Buffer*> bufs;
+  std::vector<std::string> data;
+  for (int i = 0; i < 12; ++i) {
+    bufs.push_back(f.engine_->AllocateBuffer(kSize, false, &s));
+    EXPECT_OK(s);
+    data.push_back(Pattern(kSize, 40 + static_cast<uint32_t>(i)));
+    EXPECT_OK(f.engine_->WriteBuffer(bufs.back(), 0, data.back().data(),
+                                     kSize));
+  }
+  for (int step = 0; step < 5; ++step) {
+    f.engine_->StepBegin();
+    for (Buffer* b : bufs) {
+      void* p;
+      EXPECT_OK(f.engine_->Pin(b, &p));
+      f.device_->Compute(1e-3);
+      EXPECT_OK(f.engine_->Unpin(b));
+    }
+  }
+  const EngineStats st = f.engine_->GetStats();
+  EXPECT(st.prefetch_hits > 0);
+  EXPECT(st.num_reclaim_failures == 0);
+  EXPECT(st.host_peak_bytes_in_use <= 1600 * 1024);
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    EXPECT(Holds(f.engine_.get(), bufs[i], data[i]));
+  }
+  EXPECT_OK(f.engine_->CheckInvariants());
+  for (Buffer* b : bufs) EXPECT_OK(f.engine_->FreeBuffer(b));
+  EXPECT_OK(f.engine_->CheckInvariants());
+}
+
 TEST(ManyThreadsNoCorruptionNoDeadlock) {
   const char* mode = std::getenv("TFLMS_MT_MODE");
   const bool defrag = !mode || std::strchr(mode, 'd');

@@ -70,6 +70,11 @@ struct EngineStats {
   // copy may land before the kernel starts, so there it is an upper bound.
   int64_t prefetch_hits_in_flight = 0;
   int64_t bytes_prefetched_in_flight = 0;
+  // Prefetched buffers evicted again before their first pin, and their
+  // bytes: their host copy was still valid (kept until that pin), so they
+  // left without a copy and without the host waiting.
+  int64_t num_clean_evictions = 0;
+  int64_t bytes_evicted_clean = 0;
   // Step learning: steps told apart (StepBegin, or found from the step ids
   // at the pin sites), pins recorded, and those found in the learned order
   // near where the step had got to. A low share in order means the steps
