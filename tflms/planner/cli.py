@@ -85,8 +85,8 @@ def add_parsers(sub: Any) -> None:
     eng.add_argument(
         "--prefetch",
         action="store_true",
-        help="let the engine prefetch, with steps recognised exactly (inside TensorFlow: "
-        "opt-in with TF_LMS_PREFETCH=1, and steps are not yet recognised reliably)",
+        help="let the engine prefetch, each step's start marked (inside TensorFlow: opt-in "
+        "with TF_LMS_PREFETCH=1, steps learned from the kernels' step ids, not yet run on a GPU)",
     )
     eng.add_argument(
         "--no-prefetch", action="store_true", help="page in on demand only (the default)"

@@ -333,9 +333,10 @@ def swap_bound_s(plan: StepPlan, device_memory: int, link_gbps: float) -> float:
 # launches several kernels fills it sooner, so the real run-ahead is at most this.
 LAUNCH_QUEUE_DEPTH = 1000
 
-# Inside the patched TensorFlow prefetch is opt-in (TF_LMS_PREFETCH=1) and its steps are
-# not yet recognised reliably (docs/how-it-works.md, Prefetch); the replay marks steps
-# exactly, so a prefetch figure is what prefetch gives at best: every one is labelled.
+# Inside the patched TensorFlow prefetch is opt-in (TF_LMS_PREFETCH=1), learns steps from
+# the kernels' step ids and has not run on a GPU yet (docs/how-it-works.md, Prefetch); the
+# replay marks steps exactly, so a prefetch figure is what prefetch gives at best: every one
+# is labelled.
 PREFETCH_LABEL = "prefetch (opt-in)"
 
 
@@ -347,8 +348,8 @@ class EngineConfig:
     host_memory: int
     link_gbps: float
     lms: bool = True
-    # Off by default, as in the patched TensorFlow (opt-in there with TF_LMS_PREFETCH=1,
-    # where a step's pin order is not yet recognised reliably: docs/how-it-works.md).
+    # Off by default, as in the patched TensorFlow (opt-in there with TF_LMS_PREFETCH=1:
+    # docs/how-it-works.md, Prefetch).
     prefetch: bool = False
     defrag: bool = False
     prefetch_lookahead: int = 256

@@ -255,8 +255,10 @@ def overhead_table(
 PREFETCH_NOTE = (
     "On-demand is what the patched TensorFlow does today (pages in when a kernel pins a "
     "reclaimed tensor). 'prefetch (opt-in)' is the engine's prefetch, off by default in the "
-    "patch (TF_LMS_PREFETCH=1 turns it on), with the step's order recognised exactly, which "
-    "inside TensorFlow it is not yet: what prefetch gives at best, not a prediction "
+    "patch (TF_LMS_PREFETCH=1 turns it on), with each step's start marked. Inside "
+    "TensorFlow the engine finds steps from the kernels' step ids and follows their pin "
+    "order only where it repeats, and the patch's prefetch has not run on a GPU yet: these "
+    "rows are what prefetch gives when the step is learned exactly, not a prediction "
     "for the patch."
 )
 
@@ -487,7 +489,7 @@ def results_markdown(res: dict[str, Any]) -> str:
         "read no input bytes (Identity, Shape, ShapeN, ...) pin nothing, and a sliced tensor's",
         "root stays in place while its slices live. LMS pages in on demand, as the patched",
         "TensorFlow does by default; the engine's prefetch, off by default in the patch",
-        "(`TF_LMS_PREFETCH=1`) and given here a perfectly recognised step, is shown only in",
+        "(`TF_LMS_PREFETCH=1`) and given here each step's start, is shown only in",
         "rows labelled *prefetch (opt-in)*.",
         "",
         "Transformers (GPT-2 355M to 1.5B, BERT-large, Llama 3.2 1B; fp32 and mixed",

@@ -97,7 +97,7 @@ class Machine:
         self, *, lms: bool = True, prefetch: bool = False, defrag: bool = False
     ) -> EngineConfig:
         # Prefetch is off by default, as in the patched TensorFlow (TF_LMS_PREFETCH=1 opts
-        # in; steps are not yet recognised reliably there: docs/how-it-works.md).
+        # in: docs/how-it-works.md, Prefetch).
         return EngineConfig(
             device_memory=self.gpu.memory_bytes,
             host_memory=self.host_memory,
