@@ -30,6 +30,7 @@
 #include <mutex>
 #include <unordered_map>
 #include <utility>
+#include <deque>
 #include <vector>
 
 #include "bfc_arena.h"
@@ -380,6 +381,9 @@ class Engine::Impl {
   // Pages in the plan's copy-ins whose issue position the step has reached
   // (PlanStepLocked), oldest first; stops at one that finds no free room.
   void StartPlannedPageInsLocked(std::unique_lock<std::mutex>& lock);
+  // Keeps page_ins_in_flight_: notes a page-in, drops those that landed.
+  void NotePageInLocked(const EventRef& ready, size_t bytes);
+  size_t PageInBytesInFlightLocked();
   // A prefetched buffer is paged out again before its pin: the memory it
   // took was needed first. Its key is paged in closer to its use from now.
   void NotePrefetchWastedLocked(Buffer* b);
@@ -584,6 +588,11 @@ class Engine::Impl {
   std::vector<EarlyPageOut> early_outs_;
   // Buffers holding a clean host copy (Buffer::clean_host).
   int64_t clean_copies_ = 0;
+  // Page-ins not known to have landed, oldest first (one stream, so they
+  // land in order), and their bytes: what a new copy in queues behind.
+  // Kept with prefetch on only (StartPlannedPageInsLocked).
+  std::deque<std::pair<EventRef, size_t>> page_ins_in_flight_;
+  size_t page_in_bytes_in_flight_ = 0;
 
   // Buffers in a transient state (kPagingOut, kPagingIn, kMoving); an
   // allocation that found nothing to reclaim waits for them to settle.

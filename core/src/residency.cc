@@ -578,6 +578,7 @@ Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
   b->host_ptr = nullptr;
   b->host_bytes = 0;
   b->ready = ready;
+  if (options_.prefetch_enabled) NotePageInLocked(ready, size);
   b->state = BufferState::kResident;
   ++counters_.num_page_ins;
   counters_.bytes_paged_in += static_cast<int64_t>(size);

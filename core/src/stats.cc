@@ -47,6 +47,7 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"bytes_paged_in_on_demand", bytes_paged_in_on_demand},
       {"prefetch_hits_in_flight", prefetch_hits_in_flight},
       {"bytes_prefetched_in_flight", bytes_prefetched_in_flight},
+      {"num_planned_prefetches", num_planned_prefetches},
       {"num_clean_evictions", num_clean_evictions},
       {"bytes_evicted_clean", bytes_evicted_clean},
       {"num_prefetch_steps", num_prefetch_steps},

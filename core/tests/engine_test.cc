@@ -1222,6 +1222,7 @@ TEST(PrefetchPlanBringsAnEvictedTensorBackWhereItFits) {
   }
   EngineStats after = r.engine->GetStats();
   EXPECT(after.prefetch_hits - before.prefetch_hits >= 3);
+  EXPECT(after.num_planned_prefetches - before.num_planned_prefetches >= 3);
   EXPECT(after.prefetch_hits_in_flight == before.prefetch_hits_in_flight);
   EXPECT(after.prefetch_misses == before.prefetch_misses);
   EXPECT(after.num_single_reclaims == before.num_single_reclaims);

@@ -70,6 +70,9 @@ struct EngineStats {
   // copy may land before the kernel starts, so there it is an upper bound.
   int64_t prefetch_hits_in_flight = 0;
   int64_t bytes_prefetched_in_flight = 0;
+  // Of num_prefetches, those started where the step's plan found room for
+  // the tensor (planned page-ins) rather than within the look-ahead.
+  int64_t num_planned_prefetches = 0;
   // Prefetched buffers evicted again before their first pin, and their
   // bytes: their host copy was still valid (kept until that pin), so they
   // left without a copy and without the host waiting.
