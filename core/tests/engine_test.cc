@@ -985,6 +985,19 @@ TEST(VerifyPinsCatchesBytesChangedWhileUnpinned) {
   EXPECT_OK(f.engine_->CheckInvariants());
 }
 
+// Steps that pin every buffer once, in the same order, 1 ms per kernel.
+void RunCyclicSteps(Fixture* f, const std::vector<Buffer*>& bufs, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    f->engine_->StepBegin();
+    for (Buffer* b : bufs) {
+      void* p;
+      EXPECT_OK(f->engine_->Pin(b, &p));
+      f->device_->Compute(1e-3);
+      EXPECT_OK(f->engine_->Unpin(b));
+    }
+  }
+}
+
 TEST(PrefetchLearnsTheStepAndHits) {
   Fixture f(1 * kMiB, 32 * kMiB, true, false, /*prefetch=*/true,
             /*prefetch_budget=*/512 * 1024);
@@ -993,15 +1006,7 @@ TEST(PrefetchLearnsTheStepAndHits) {
   for (int i = 0; i < 12; ++i) {
     bufs.push_back(f.engine_->AllocateBuffer(200 * 1024, false, &s));
   }
-  for (int step = 0; step < 4; ++step) {
-    f.engine_->StepBegin();
-    for (Buffer* b : bufs) {
-      void* p;
-      EXPECT_OK(f.engine_->Pin(b, &p));
-      f.device_->Compute(1e-3);
-      EXPECT_OK(f.engine_->Unpin(b));
-    }
-  }
+  RunCyclicSteps(&f, bufs, 4);
   EngineStats st = f.engine_->GetStats();
   EXPECT(st.num_prefetches > 0);
   EXPECT(st.prefetch_hits > 0);
@@ -1294,15 +1299,7 @@ TEST(CleanHostCopiesGiveWayToPageOutsWhenTheHostPoolIsFull) {
     EXPECT_OK(f.engine_->WriteBuffer(bufs.back(), 0, data.back().data(),
                                      kSize));
   }
-  for (int step = 0; step < 5; ++step) {
-    f.engine_->StepBegin();
-    for (Buffer* b : bufs) {
-      void* p;
-      EXPECT_OK(f.engine_->Pin(b, &p));
-      f.device_->Compute(1e-3);
-      EXPECT_OK(f.engine_->Unpin(b));
-    }
-  }
+  RunCyclicSteps(&f, bufs, 5);
   const EngineStats st = f.engine_->GetStats();
   EXPECT(st.prefetch_hits > 0);
   EXPECT(st.num_reclaim_failures == 0);
