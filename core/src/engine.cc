@@ -435,11 +435,7 @@ void Engine::Impl::DestroyBufferLocked(Buffer* b) {
     host_pool_->Free(b->host_ptr);
     b->host_ptr = nullptr;
   }
-  if (b->prefetched) {
-    if (!b->prefetch_planned) prefetch_.inflight_bytes -= b->size;
-    b->prefetch_planned = false;
-    b->prefetched = false;
-  }
+  EndPrefetchLocked(b);
   ForgetBufferForPrefetch(b);
   UntrackBuffer(b);
   RecycleBufferLocked(b);

@@ -27,10 +27,10 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
-#include <deque>
 #include <vector>
 
 #include "bfc_arena.h"
@@ -60,7 +60,7 @@ class Buffer {
   bool prefetch_planned = false;
   // While prefetched and not pinned since: the host copy it was paged in
   // from, whose bytes it still holds (nothing writes a buffer unpinned), so
-  // that an eviction before the pin needs no copy (EvictCleanLocked).
+  // that an eviction before the pin needs no copy (TryEvictCleanLocked).
   void* clean_host = nullptr;
   size_t clean_host_bytes = 0;
   // While prefetched: how many pins ahead of its use it was paged in.
@@ -387,6 +387,9 @@ class Engine::Impl {
   // A prefetched buffer is paged out again before its pin: the memory it
   // took was needed first. Its key is paged in closer to its use from now.
   void NotePrefetchWastedLocked(Buffer* b);
+  // `b` stops being a prefetch not yet pinned (pinned, evicted or freed):
+  // a look-ahead prefetch's bytes leave the byte budget's count.
+  void EndPrefetchLocked(Buffer* b);
   // Position of the buffer's next pin in the learned step order after the
   // cursor; SIZE_MAX when it is not pinned again this step or nothing is
   // learned yet.

@@ -225,9 +225,7 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
     ++transitions_in_flight_;
     if (v->prefetched) {  // a prefetch that came too early
       NotePrefetchWastedLocked(v);
-      if (!v->prefetch_planned) prefetch_.inflight_bytes -= v->size;
-    v->prefetch_planned = false;
-      v->prefetched = false;
+      EndPrefetchLocked(v);
     }
     copies.emplace_back();
     Copy& c = copies.back();
@@ -634,10 +632,10 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
   }
   if (waited_since >= 0) counters_.page_in_stall_ns += NowNs() - waited_since;
   ReleaseSettledHostCopies(&lock, /*wait=*/false);
+  ReleaseCleanCopyLocked(b);  // the kernel may write it from now on
   // Every pin orders its kernel after the copy until the copy is known done
   // (Buffer::ready): the first pinner may not have reached the compute
   // stream yet when a second kernel is launched.
-  ReleaseCleanCopyLocked(b);  // the kernel may write it from now on
   EventRef ready = b->ready;
   if (ready && device_->EventDone(ready)) {
     b->ready.reset();
@@ -649,9 +647,7 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
       ++counters_.prefetch_hits_in_flight;
       counters_.bytes_prefetched_in_flight += static_cast<int64_t>(b->size);
     }
-    if (!b->prefetch_planned) prefetch_.inflight_bytes -= b->size;
-    b->prefetch_planned = false;
-    b->prefetched = false;
+    EndPrefetchLocked(b);
   }
   const bool was_active = b->active();
   const bool verify = options_.verify_pins && b->pin_count == 0 &&
@@ -705,6 +701,13 @@ void Engine::Impl::ReleaseCleanCopyLocked(Buffer* b) {
   --clean_copies_;
 }
 
+void Engine::Impl::EndPrefetchLocked(Buffer* b) {
+  if (!b->prefetched) return;
+  if (!b->prefetch_planned) prefetch_.inflight_bytes -= b->size;
+  b->prefetch_planned = false;
+  b->prefetched = false;
+}
+
 void Engine::Impl::ReleaseAllCleanCopiesLocked() {
   for (Buffer* b = all_head_; b != nullptr && clean_copies_ > 0;
        b = b->all_next) {
@@ -722,9 +725,7 @@ bool Engine::Impl::TryEvictCleanLocked(Buffer* v) {
   LruRemove(v);
   if (v->prefetched) {  // a prefetch that came too early
     NotePrefetchWastedLocked(v);
-    if (!v->prefetch_planned) prefetch_.inflight_bytes -= v->size;
-    v->prefetch_planned = false;
-    v->prefetched = false;
+    EndPrefetchLocked(v);
   }
   const size_t chunk_size = arena_->chunk(v->chunk)->size;
   AddChunkBytes(v, -static_cast<int64_t>(chunk_size));
