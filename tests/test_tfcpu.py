@@ -315,13 +315,7 @@ def test_keras_fit_learns_its_steps_and_prefetch_hits() -> None:
     assert stats["prefetch_pins_in_order"] >= 0.4 * stats["prefetch_pins"], stats
     assert stats["prefetch_hits"] >= 0.2 * stats["num_page_ins"], stats
     assert stats["num_ooms"] == 0
-    # Planned page-ins (the step's plan says where an evicted tensor fits again) run
-    # inside TensorFlow too, values unchanged (above): 98 of 1,387 prefetches at this
-    # device, 232 of 1,350 at twice it. They follow the plan only while the order is
-    # trusted, which the load's worst runs above fall short of.
     assert 0 <= stats["num_planned_prefetches"] <= stats["num_prefetches"], stats
-    if stats["prefetch_pins_in_order"] >= 0.6 * stats["prefetch_pins"]:
-        assert stats["num_planned_prefetches"] > 0, stats
     assert 0 <= stats["num_clean_evictions"] <= stats["num_prefetches"], stats
     # What a GPU's kernels would wait for: bytes paged in at a pin. On demand that is
     # every page-in. With prefetch it is not asserted lower, nor the time kernels wait
@@ -347,6 +341,19 @@ def test_prefetch_hits_over_a_slow_link_are_counted_in_flight() -> None:
     assert 0 < stats["prefetch_hits_in_flight"] <= stats["prefetch_hits"], stats
     prefetched = stats["bytes_paged_in"] - stats["bytes_paged_in_on_demand"]
     assert 0 < stats["bytes_prefetched_in_flight"] <= prefetched, stats
+
+
+def test_planned_page_ins_run_inside_tensorflow() -> None:
+    # The step's plan says where each evicted tensor fits again, and its copy back
+    # starts there (planned page-ins). At half the fit's peak over a 2 GB/s link there
+    # is room for them: 213-429 of 906-1,346 prefetches in 6 runs. At a quarter of the
+    # peak with an unpaced link they ranged from 0 to 69, so that is not where to look.
+    env = {"TFCPU_DEVICE_MEMORY": "4736KiB", "TFCPU_LINK_BYTES_PER_SECOND": "2e9"}
+    pre = run_case("keras_fit", "prefetch", env=env)
+    assert program_output(pre) == stock_output("keras_fit")
+    stats = pre["stats"]
+    assert 0 < stats["num_planned_prefetches"] <= stats["num_prefetches"], stats
+    assert stats["num_ooms"] == 0
 
 
 def test_a_paced_link_makes_kernels_wait_for_their_page_ins() -> None:
