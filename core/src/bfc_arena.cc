@@ -240,6 +240,7 @@ void BfcArena::SplitChunk(ChunkHandle h, size_t num_bytes) {
   Chunk* n = chunk(h_new);
   n->ptr = c->ptr + num_bytes;
   n->size = c->size - num_bytes;
+  n->reuse_after = c->reuse_after;
   c->size = num_bytes;
   SetHandle(n->ptr, h_new);
   n->prev = h;
@@ -256,6 +257,7 @@ void BfcArena::Merge(ChunkHandle h1, ChunkHandle h2) {
   c1->next = c2->next;
   if (c2->next != kInvalidChunk) chunk(c2->next)->prev = h1;
   c1->size += c2->size;
+  c1->reuse_after = std::max(c1->reuse_after, c2->reuse_after);
   SetHandle(c2->ptr, kInvalidChunk);
   DeallocateChunkHandle(h2);
 }
@@ -387,9 +389,10 @@ BfcArena::ChunkHandle BfcArena::FindLowestFreeChunkBelow(
   return best;
 }
 
-void BfcArena::FreeChunk(ChunkHandle h) {
+void BfcArena::FreeChunk(ChunkHandle h, uint64_t reuse_after) {
   Chunk* c = chunk(h);
   assert(c->in_use());
+  c->reuse_after = std::max(c->reuse_after, reuse_after);
   bytes_in_use_ -= c->size;
   c->allocation_id = -1;
   c->requested_size = 0;

@@ -14,7 +14,8 @@
 //   * no two free chunks are adjacent (FreeChunk coalesces);
 //   * a chunk is in a bin iff it is free;
 //   * every size and address is a multiple of kMinAllocationSize (256);
-//   * bytes_in_use == sum of sizes of in-use chunks.
+//   * bytes_in_use == sum of sizes of in-use chunks;
+//   * a byte's reuse_after never decreases while its region lives.
 // These are the exact semantics of tsl::BFCAllocator (same rounding, same
 // bins, same split rule, same region growth and back-off), so that with LMS
 // off the engine fails and peaks where TensorFlow would.
@@ -57,6 +58,12 @@ class BfcArena {
     ChunkHandle next = kInvalidChunk;  // next chunk in the region
     int bin_num = -1;                  // bin while free, -1 while in use
     void* owner = nullptr;             // opaque owner of an in-use chunk
+    // Opaque to the arena, kept for the owner: what must finish before
+    // these bytes may be written from outside the stream that freed them.
+    // Set by FreeChunk (never lowered); split chunks keep it, merged ones
+    // take the larger. Not in tsl::BFCAllocator, whose users are all on the
+    // stream that frees.
+    uint64_t reuse_after = 0;
     bool in_use() const { return allocation_id != -1; }
   };
 
@@ -84,8 +91,9 @@ class BfcArena {
   // that together with the unreserved limit could hold `rounded` bytes
   // (TensorFlow's DeallocateFreeRegions). True if any region was returned.
   bool DeallocateFreeRegions(size_t rounded);
-  // Frees an in-use chunk and coalesces it with free neighbours.
-  void FreeChunk(ChunkHandle h);
+  // Frees an in-use chunk and coalesces it with free neighbours; the chunk's
+  // reuse_after becomes at least `reuse_after`.
+  void FreeChunk(ChunkHandle h, uint64_t reuse_after);
   // Takes the specific free chunk `h` for `rounded` bytes (splitting it as
   // FindChunk would). Used by defragmentation to choose destinations.
   ChunkHandle TakeFreeChunk(ChunkHandle h, size_t rounded, size_t requested,

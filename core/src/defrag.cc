@@ -112,7 +112,7 @@ Status Engine::Impl::MoveBuffers(
     Buffer* b = m.buffer;
     BfcArena::ChunkHandle drop = status.ok() ? b->chunk : m.dst;
     AddChunkBytes(b, -static_cast<int64_t>(arena_->chunk(drop)->size));
-    arena_->FreeChunk(drop);
+    arena_->FreeChunk(drop, ReuseAfterNowLocked());  // moves ran on compute
     if (status.ok()) {
       b->chunk = m.dst;
       b->device_ptr = m.dst_ptr;
@@ -181,7 +181,7 @@ Status Engine::Impl::DefragFor(std::unique_lock<std::mutex>& lock,
       // Releasing the reserved destinations coalesces free chunks, which can
       // retire handles the remaining windows name: stop here.
       for (auto& m : moves) {
-        arena_->FreeChunk(m.second);
+        arena_->FreeChunk(m.second, kReusableAtOnce);  // never written
       }
       break;
     }

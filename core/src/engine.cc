@@ -337,7 +337,7 @@ void Engine::Impl::DeallocateRaw(void* ptr) {
     ReleaseRangeFixed(arena_->chunk(h)->ptr, arena_->chunk(h)->size,
                       Release::kFreed);
   }
-  arena_->FreeChunk(h);
+  arena_->FreeChunk(h, ReuseAfterNowLocked());
 }
 
 size_t Engine::Impl::RequestedSize(const void* ptr) const {
@@ -420,14 +420,14 @@ void Engine::Impl::DestroyBufferLocked(Buffer* b) {
       ReleaseRangeFixed(arena_->chunk(b->chunk)->ptr,
                         arena_->chunk(b->chunk)->size, Release::kFreed);
     }
-    arena_->FreeChunk(b->chunk);
+    arena_->FreeChunk(b->chunk, ReuseAfterNowLocked());
     b->chunk = BfcArena::kInvalidChunk;
     b->vchunk = BfcArena::kInvalidChunk;
   } else if (b->vchunk != BfcArena::kInvalidChunk) {
     // Fixed-address mode: an evicted buffer still holds its addresses.
     DropEvictedRangeFixed(arena_->chunk(b->vchunk)->ptr,
                           arena_->chunk(b->vchunk)->size);
-    arena_->FreeChunk(b->vchunk);
+    arena_->FreeChunk(b->vchunk, ReuseAfterNowLocked());
     b->vchunk = BfcArena::kInvalidChunk;
   }
   if (b->host_ptr != nullptr) {

@@ -231,6 +231,16 @@ class Engine::Impl {
   // Non-blocking: whether the uses stamped `epoch` are proven complete (an
   // event covering them has completed). REQUIRES: mu_ held.
   bool LastUseDoneLocked(uint64_t epoch) const;
+  // The reuse_after stamp (BfcArena::Chunk) of a device chunk freed now: the
+  // open epoch, whose event follows every kernel and every stream wait
+  // enqueued on the compute stream before the free. A page-in into the
+  // chunk, on the host-to-device stream, waits for that event (PageIn)
+  // rather than for all compute enqueued when it starts. REQUIRES: mu_ held.
+  uint64_t ReuseAfterNowLocked() const { return open_epoch_; }
+  // The stamp of a chunk whose last reader was a copy already complete (a
+  // synchronized or settled page-out, a page-in that landed with no pin
+  // since): it ordered itself after every earlier use.
+  static constexpr uint64_t kReusableAtOnce = 0;
   // Makes every use stamped so far provably complete: closes the open epoch
   // if it has stamps, records a compute-stream event and waits for it with
   // `lock` released. For defragmentation, which moves only buffers whose

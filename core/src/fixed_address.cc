@@ -516,7 +516,7 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunkFixed(
                                arena_->chunk(h)->size, /*from_evicted=*/false,
                                max_source, protect_until, &source);
   if (!s.ok()) {
-    arena_->FreeChunk(h);
+    arena_->FreeChunk(h, ReuseAfterNowLocked());
     if (s.code() == Code::kResourceExhausted) ++counters_.num_ooms;
     *status = s;
     return BfcArena::kInvalidChunk;

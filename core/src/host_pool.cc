@@ -42,7 +42,7 @@ void* HostPool::Allocate(size_t bytes, Status* status) {
 void HostPool::Free(void* ptr) {
   std::lock_guard<std::mutex> lock(mu_);
   BfcArena::ChunkHandle h = arena_->HandleFor(ptr);
-  if (h != BfcArena::kInvalidChunk) arena_->FreeChunk(h);
+  if (h != BfcArena::kInvalidChunk) arena_->FreeChunk(h, 0);
 }
 
 size_t HostPool::bytes_in_use() const {

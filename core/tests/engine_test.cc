@@ -1312,6 +1312,97 @@ TEST(CleanHostCopiesGiveWayToPageOutsWhenTheHostPoolIsFull) {
   EXPECT_OK(f.engine_->CheckInvariants());
 }
 
+// A page-in writes a chunk that kernels enqueued before its free may still be
+// using, on another stream than theirs. With the host far ahead of the GPU
+// (no launch-queue limit here) it must wait for those kernels, and for no
+// later ones.
+struct RunAheadPageIn {
+  RunAheadPageIn() {
+    SimOptions so;
+    so.device_memory = 4 * kMiB;
+    so.link_bytes_per_second = 1e9;  // a 1 MiB copy takes about 1 ms
+    device = std::make_unique<SimDevice>(so);
+    EngineOptions eo;
+    eo.memory_limit = 4 * kMiB;
+    eo.host_memory_limit = 16 * kMiB;
+    eo.lms_enabled = true;
+    // Off: its hash at each unpin reads the bytes, which waits for the
+    // kernels and so keeps the host from running ahead. Holds checks A.
+    eo.verify_pins = false;
+    eo.allow_growth = false;  // one region: A comes back where B was
+    engine = std::make_unique<Engine>(device.get(), eo);
+    EXPECT_OK(engine->Init());
+    Status s;
+    x = engine->AllocateBuffer(64 * 1024, false, &s);
+    EXPECT_OK(s);
+    a = engine->AllocateBuffer(kMiB, false, &s);
+    EXPECT_OK(s);
+    EXPECT_OK(engine->WriteBuffer(a, 0, bytes.data(), bytes.size()));
+    size_t reclaimed = 0;
+    EXPECT_OK(engine->ReclaimInactive(&reclaimed));
+    EXPECT(engine->GetBufferState(a) == BufferState::kReclaimed);
+    void* p = nullptr;
+    b = engine->AllocateBuffer(3 * kMiB, true, &s, &p);  // leaves < 1 MiB
+    EXPECT_OK(s);
+  }
+  // Kernels that pin x, enqueued while the host stands still.
+  void Kernels(int n, double seconds) {
+    void* p = nullptr;
+    for (int i = 0; i < n; ++i) {
+      EXPECT_OK(engine->Pin(x, &p));
+      device->Compute(seconds);
+      EXPECT_OK(engine->Unpin(x));
+    }
+  }
+  void FreeB() {
+    EXPECT_OK(engine->Unpin(b));
+    EXPECT_OK(engine->FreeBuffer(b));
+  }
+  // Pins A (a page-in into B's old chunk); returns when its copy ended.
+  double PinA() {
+    void* p = nullptr;
+    EXPECT_OK(engine->Pin(a, &p));
+    const double landed = device->GetTimeline().h2d_time;
+    device->Compute(1e-3);
+    EXPECT_OK(engine->Unpin(a));
+    EXPECT(Holds(engine.get(), a, bytes));
+    EXPECT_OK(engine->CheckInvariants());
+    return landed;
+  }
+  const std::string bytes = Pattern(kMiB, 77);
+  std::unique_ptr<SimDevice> device;
+  std::unique_ptr<Engine> engine;
+  Buffer* x = nullptr;
+  Buffer* a = nullptr;
+  Buffer* b = nullptr;
+};
+
+TEST(PageInWaitsOnlyForTheKernelsBeforeItsChunkWasFreed) {
+  // B is used by one kernel and freed; 40 short kernels close the epoch of
+  // that free, then 200 long ones run 2 s ahead. A's page-in into B's chunk
+  // waits for the first ~40 ms of them, not for all 2 s (it used to wait for
+  // everything on the compute stream).
+  RunAheadPageIn r;
+  r.device->Compute(1e-3);
+  r.FreeB();
+  r.Kernels(40, 1e-3);
+  r.Kernels(200, 10e-3);
+  const double landed = r.PinA();
+  EXPECT(r.device->GetTimeline().compute_time > 2.0);
+  EXPECT(landed < 0.1);
+}
+
+TEST(PageInWaitsForTheKernelsThatUsedItsChunkUntilItsFree) {
+  // The same, but B is in use (pinned) for all 2 s of kernels and freed
+  // after them: A's page-in into its chunk starts only once they ended.
+  RunAheadPageIn r;
+  r.Kernels(40, 1e-3);
+  r.Kernels(200, 10e-3);
+  const double freed_on_gpu = r.device->GetTimeline().compute_time;
+  r.FreeB();
+  EXPECT(r.PinA() >= freed_on_gpu);
+}
+
 TEST(ManyThreadsNoCorruptionNoDeadlock) {
   const char* mode = std::getenv("TFLMS_MT_MODE");
   const bool defrag = !mode || std::strchr(mode, 'd');
