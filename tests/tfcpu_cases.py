@@ -26,7 +26,7 @@ from typing import Any
 # checks that ratio).
 DEVICE_MEMORY = {
     "cnn": "2368KiB",
-    "rnn": "2880KiB",
+    "rnn": "2816KiB",
     "map_fn": "2368KiB",
     "tensor_array": "1536KiB",
     "variables": "8MiB",
