@@ -365,7 +365,14 @@ class Engine::Impl {
   // in fixed-address mode, unmapped) by the caller: the bytes live only at
   // `host` from now on. REQUIRES: mu_ held.
   // `copied`: false for a clean eviction, which bytes_reclaimed leaves out.
+  // Callers release the chunk first (ReleaseEvictedChunkLocked).
   void CompletePageOutLocked(Buffer* v, void* host, bool copied = true);
+  // The device bytes of `v`, evicted with no copy still reading or writing
+  // its chunk (the copy out is complete, or the clean page-in landed),
+  // leave the byte counts; the chunk goes back to the arena with nothing
+  // for a page-in to wait for (kReusableAtOnce), except in fixed-address
+  // mode, where v keeps its virtual chunk. REQUIRES: mu_ held.
+  void ReleaseEvictedChunkLocked(Buffer* v);
   // Frees a buffer's clean host copy (Buffer::clean_host) once the page-in
   // that read it has landed.
   void ReleaseCleanCopyLocked(Buffer* b);

@@ -325,12 +325,9 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
       continue;
     }
     const size_t chunk_size = arena_->chunk(v->chunk)->size;
-    AddChunkBytes(v, -static_cast<int64_t>(chunk_size));
-    if (!fixed_) {
-      // The synchronized copy was ordered after v's last use.
-      arena_->FreeChunk(v->chunk, kReusableAtOnce);
-      v->device_ptr = nullptr;
-    }  // else v keeps its virtual chunk (vchunk) and address
+    // The synchronized copy was ordered after v's last use. In fixed-address
+    // mode v keeps its virtual chunk (vchunk) and address.
+    ReleaseEvictedChunkLocked(v);
     CompletePageOutLocked(v, c.host);
     *bytes += chunk_size;
     if (options_.prefetch_enabled) NoteVictimLocked(v);
@@ -489,9 +486,7 @@ void Engine::Impl::SettleEarlyPageOutsLocked(std::unique_lock<std::mutex>& lock,
       continue;
     }
     NoteEpochCompleteLocked(e.covers, e.free_seq);
-    AddChunkBytes(v, -static_cast<int64_t>(arena_->chunk(v->chunk)->size));
-    arena_->FreeChunk(v->chunk, kReusableAtOnce);  // the copy is done
-    v->device_ptr = nullptr;
+    ReleaseEvictedChunkLocked(v);  // the copy is done
     CompletePageOutLocked(v, e.host);
     if (v->free_requested) DestroyBufferLocked(v);
   }
@@ -747,11 +742,8 @@ bool Engine::Impl::TryEvictCleanLocked(Buffer* v) {
     NotePrefetchWastedLocked(v);
     EndPrefetchLocked(v);
   }
-  const size_t chunk_size = arena_->chunk(v->chunk)->size;
-  AddChunkBytes(v, -static_cast<int64_t>(chunk_size));
   // Its last writer was the page-in, landed, and nothing pinned it since.
-  arena_->FreeChunk(v->chunk, kReusableAtOnce);
-  v->device_ptr = nullptr;
+  ReleaseEvictedChunkLocked(v);
   void* host = v->clean_host;
   v->clean_host = nullptr;
   v->clean_host_bytes = 0;
@@ -762,6 +754,13 @@ bool Engine::Impl::TryEvictCleanLocked(Buffer* v) {
   if (options_.prefetch_enabled) NoteVictimLocked(v);
   if (v->free_requested) DestroyBufferLocked(v);
   return true;
+}
+
+void Engine::Impl::ReleaseEvictedChunkLocked(Buffer* v) {
+  AddChunkBytes(v, -static_cast<int64_t>(arena_->chunk(v->chunk)->size));
+  if (fixed_) return;
+  arena_->FreeChunk(v->chunk, kReusableAtOnce);
+  v->device_ptr = nullptr;
 }
 
 void Engine::Impl::CompletePageOutLocked(Buffer* v, void* host,
