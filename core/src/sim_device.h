@@ -19,7 +19,9 @@
 //     real host blocks. SynchronizeEvent waits for the event's modelled
 //     completion; EventDone answers by the modelled clock too (an event is
 //     done only once the host's clock has reached it, however the inline
-//     streams ran), so the engine takes the same branch it would on a GPU;
+//     streams ran, and once it has, after the stream's worker thread caught
+//     up, unless a test injects real-time copy delays or pacing), so the
+//     engine takes the same branch it would on a GPU;
 //     and with launch_queue_depth set, a kernel enqueued on the compute
 //     stream while that many are still unfinished blocks the host until the
 //     oldest finishes (CUDA's per-stream launch queue): the host runs ahead
@@ -171,6 +173,8 @@ class SimDevice : public Device {
   // InArena, or wholly inside mapped pages of the virtual range.
   bool InDevice(const void* ptr, size_t bytes) const;
   static bool TakeFault(std::atomic<int>* counter);
+  // Whether any stream's copies are delayed or paced in real time.
+  bool RealTimeCopiesInjected() const;
 
   const SimOptions options_;
   char* arena_ = nullptr;  // owned when store_data
