@@ -9,10 +9,11 @@ NVCC ?= nvcc
 BUILD := build
 CORE_SRCS := $(filter-out core/src/cuda_%,$(wildcard core/src/*.cc))
 CORE_HDRS := $(wildcard core/include/tflms/*.h core/src/*.h)
+TEST_HDRS := $(wildcard core/tests/*.h)
 CXXFLAGS_CORE := -std=c++17 -Wall -Wextra -Werror -Icore/include -Icore/src -pthread
 
 .PHONY: help install test test-fast lint cpp-test sanitize cuda-test patches verify verify-all \
-        verify-nightly bench bench-prefetch demo results transformers soak wheel clean addon-check addon-check-all
+        verify-nightly bench bench-prefetch bench-cuda demo results transformers soak wheel clean addon-check addon-check-all
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -40,18 +41,18 @@ lint: install ## ruff on the Python sources
 	$(VENV)/bin/ruff check tflms tensorflow_large_model_support tests examples bench scripts
 	$(VENV)/bin/ruff format --check tflms tensorflow_large_model_support tests examples bench scripts
 
-$(BUILD)/engine_test: core/tests/engine_test.cc $(CORE_SRCS) $(CORE_HDRS)
+$(BUILD)/engine_test: core/tests/engine_test.cc $(CORE_SRCS) $(CORE_HDRS) $(TEST_HDRS)
 	@mkdir -p $(BUILD)
 	$(CXX) $(CXXFLAGS_CORE) -O1 -g -o $@ core/tests/engine_test.cc $(CORE_SRCS)
 
 cpp-test: $(BUILD)/engine_test ## C++ engine tests (sim backend)
 	$(BUILD)/engine_test
 
-$(BUILD)/engine_test_asan: core/tests/engine_test.cc $(CORE_SRCS) $(CORE_HDRS)
+$(BUILD)/engine_test_asan: core/tests/engine_test.cc $(CORE_SRCS) $(CORE_HDRS) $(TEST_HDRS)
 	@mkdir -p $(BUILD)
 	$(CXX) $(CXXFLAGS_CORE) -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -o $@ core/tests/engine_test.cc $(CORE_SRCS)
 
-$(BUILD)/engine_test_tsan: core/tests/engine_test.cc $(CORE_SRCS) $(CORE_HDRS)
+$(BUILD)/engine_test_tsan: core/tests/engine_test.cc $(CORE_SRCS) $(CORE_HDRS) $(TEST_HDRS)
 	@mkdir -p $(BUILD)
 	$(CXX) $(CXXFLAGS_CORE) -O1 -g -fsanitize=thread -o $@ core/tests/engine_test.cc $(CORE_SRCS)
 
@@ -59,12 +60,25 @@ sanitize: $(BUILD)/engine_test_asan $(BUILD)/engine_test_tsan ## C++ tests under
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 $(BUILD)/engine_test_asan
 	TSAN_OPTIONS=halt_on_error=1 setarch -R $(BUILD)/engine_test_tsan
 
-$(BUILD)/cuda_engine_test: core/tests/cuda_engine_test.cu core/src/cuda_device.cu core/src/cuda_device.h $(CORE_SRCS) $(CORE_HDRS)
+# Hopper machine code (the GPUs this was measured on) and PTX any newer GPU
+# compiles at load.
+NVCC_ARCH ?= -gencode arch=compute_75,code=compute_75 -gencode arch=compute_90,code=sm_90
+NVCCFLAGS := -std=c++17 -O2 $(NVCC_ARCH) -Xcompiler -Wall,-Werror -Icore/include -Icore/src -Icore/tests
+CUDA_DEPS := core/src/cuda_device.cu core/src/cuda_device.h core/tests/cuda_kernels.cuh $(CORE_SRCS) $(CORE_HDRS) $(TEST_HDRS)
+
+$(BUILD)/cuda_engine_test: core/tests/cuda_engine_test.cu $(CUDA_DEPS)
 	@mkdir -p $(BUILD)
-	$(NVCC) -std=c++17 -O2 -Xcompiler -Wall,-Werror -Icore/include -Icore/src -o $@ core/tests/cuda_engine_test.cu core/src/cuda_device.cu $(CORE_SRCS)
+	$(NVCC) $(NVCCFLAGS) -o $@ core/tests/cuda_engine_test.cu core/src/cuda_device.cu $(CORE_SRCS)
+
+$(BUILD)/cuda_bench: bench/cuda_bench.cu $(CUDA_DEPS)
+	@mkdir -p $(BUILD)
+	$(NVCC) $(NVCCFLAGS) -o $@ bench/cuda_bench.cu core/src/cuda_device.cu $(CORE_SRCS)
 
 cuda-test: $(BUILD)/cuda_engine_test ## Build the CUDA backend with nvcc and run it (skips without a GPU)
 	$(BUILD)/cuda_engine_test
+
+bench-cuda: $(BUILD)/cuda_bench ## On a GPU: copy bandwidth, overlap, VMM cost, training workload vs the planner (docs/results.md)
+	$(BUILD)/cuda_bench $(BUILD)/cuda_bench.json
 
 addon-check: install ## The stock-wheel add-on for the newest TensorFlow (CI): build it against the tensorflow GPU wheel (venv in ~/.cache/tflms/venvs/gpu-<version>), link check, CPU run (docs/addon.md)
 	TFLMS_ADDON_TF_VERSIONS=$(TF_VERSION) $(PY) -m pytest -q -m slow --durations=5 tests/test_addon.py

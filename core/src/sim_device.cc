@@ -610,6 +610,14 @@ void SimDevice::Compute(double seconds) {
   if (options_.launch_queue_depth > 0) launched_.push_back(clock_.compute_time);
 }
 
+void SimDevice::Launch(std::function<void()> body, double seconds) {
+  Compute(seconds);
+  if (body) {
+    static_cast<SimStream*>(GetStream(StreamKind::kCompute))
+        ->Enqueue(std::move(body));
+  }
+}
+
 void SimDevice::HostAdvance(double seconds) {
   std::lock_guard<std::mutex> lock(clock_mu_);
   clock_.host_time += seconds;

@@ -154,6 +154,11 @@ class SimDevice : public Device {
 
   // ---- modelled time ----
   void Compute(double seconds);
+  // A kernel: `body` runs on the compute stream after everything enqueued
+  // there before it (with store_data, on the stream's worker thread, so it
+  // races with the copy streams exactly as a GPU kernel would), and the
+  // modelled compute clock advances by `seconds` as Compute does.
+  void Launch(std::function<void()> body, double seconds);
   void HostAdvance(double seconds);
   // Host waits for every stream (real and modelled).
   void SynchronizeAll();

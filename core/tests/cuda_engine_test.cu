@@ -1,9 +1,16 @@
 // Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
 //
-// The engine over CudaDevice on a real GPU: an oversubscribed working set is
-// written, paged out and in, defragmented, and read back byte for byte; then
-// again in fixed-address mode (CUDA virtual memory management), checking that
-// every buffer comes back at its own address.
+// The engine over CudaDevice on a real GPU:
+//   * round trip: an oversubscribed working set written and read back by the
+//     host (synchronous access), paged out and in, defragmented;
+//   * fixed-address round trip: the same over CUDA virtual memory
+//     management, every buffer back at its own address;
+//   * training workload (training_workload.h): CUDA kernels on the engine's
+//     compute stream write and check every word while the engine pages,
+//     prefetches, defragments or remaps behind them, the host running ahead
+//     of the GPU as TensorFlow's executor does. Any missing stream order
+//     (a copy before its writer, a kernel before its page-in, a chunk reused
+//     under a queued reader) shows as wrong words.
 // Without a GPU it prints why and exits 0 ("skipped"), so `make cuda-test`
 // builds and links everywhere nvcc exists.
 #include <algorithm>
@@ -13,7 +20,169 @@
 #include <vector>
 
 #include "cuda_device.h"
+#include "cuda_kernels.cuh"
 #include "tflms/engine.h"
+#include "training_workload.h"
+
+namespace tflms {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+int g_failed = 0;
+
+void Report(const char* name, bool ok, const std::string& detail) {
+  std::printf("[%s] %s: %s\n", ok ? " OK " : "FAIL", name, detail.c_str());
+  if (!ok) ++g_failed;
+}
+
+EngineOptions BaseOptions() {
+  EngineOptions options;
+  options.memory_limit = 64 * kMiB;
+  options.host_memory_limit = size_t{1} << 30;
+  options.defrag_enabled = true;
+  options.verify_moves = true;
+  return options;
+}
+
+void RoundTrip(CudaDevice* device) {
+  Engine engine(device, BaseOptions());
+  Status status = engine.Init();
+  if (!status.ok()) return Report("round trip", false, status.ToString());
+  const size_t size = 4 * kMiB;
+  std::vector<Buffer*> buffers;
+  std::vector<std::string> data;
+  int corrupt = 0;
+  for (int i = 0; i < 128; ++i) {  // 512 MiB live on a 64 MiB device
+    Buffer* b = engine.AllocateBuffer(size, false, &status);
+    if (b == nullptr) return Report("round trip", false, status.ToString());
+    data.emplace_back(size, static_cast<char>(i * 7 + 1));
+    if (!engine.WriteBuffer(b, 0, data.back().data(), size).ok()) ++corrupt;
+    buffers.push_back(b);
+  }
+  std::string got(size, '\0');
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    status = engine.ReadBuffer(buffers[i], 0, &got[0], size);
+    if (!status.ok() || got != data[i]) ++corrupt;
+  }
+  size_t moved = 0;
+  if (!engine.Defragment(&moved).ok()) ++corrupt;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    status = engine.ReadBuffer(buffers[i], 0, &got[0], size);
+    if (!status.ok() || got != data[i]) ++corrupt;
+  }
+  const EngineStats st = engine.GetStats();
+  const bool invariants_ok = engine.CheckInvariants().ok();
+  for (Buffer* b : buffers) engine.FreeBuffer(b);
+  Report("round trip", corrupt == 0 && invariants_ok && st.bytes_reclaimed > 0,
+         std::to_string(corrupt) + " corrupt, " +
+             std::to_string(st.bytes_reclaimed) + " bytes reclaimed, " +
+             std::to_string(st.bytes_paged_in) + " paged in, " +
+             std::to_string(moved) + " defragmented");
+}
+
+void FixedAddressRoundTrip(CudaDevice* device) {
+  if (device->VmGranularity() == 0) {
+    std::printf("fixed-address round trip skipped: no CUDA VMM here\n");
+    return;
+  }
+  EngineOptions fo = BaseOptions();
+  fo.fixed_addresses = true;
+  fo.page_size = std::max<size_t>(device->VmGranularity(), 2 * kMiB);
+  Engine fixed(device, fo);
+  Status status = fixed.Init();
+  if (!status.ok()) {
+    return Report("fixed-address round trip", false, status.ToString());
+  }
+  const size_t size = 4 * kMiB;
+  std::vector<Buffer*> fb;
+  std::vector<void*> addrs;
+  std::vector<std::string> data;
+  int bad = 0;
+  for (int i = 0; i < 64; ++i) {  // 256 MiB live on 64 MiB of pages
+    void* addr = nullptr;
+    Buffer* b = fixed.AllocateBuffer(size, false, &status, &addr);
+    if (b == nullptr) {
+      return Report("fixed-address round trip", false, status.ToString());
+    }
+    data.emplace_back(size, static_cast<char>(i * 5 + 3));
+    if (!fixed.WriteBuffer(b, 0, data.back().data(), size).ok()) ++bad;
+    fb.push_back(b);
+    addrs.push_back(addr);
+  }
+  std::string got(size, '\0');
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < fb.size(); ++i) {
+      void* p = nullptr;
+      if (!fixed.Pin(fb[i], &p).ok() || p != addrs[i]) ++bad;
+      fixed.Unpin(fb[i]);
+      status = fixed.ReadBuffer(fb[i], 0, &got[0], size);
+      if (!status.ok() || got != data[i]) ++bad;
+    }
+  }
+  const EngineStats fs = fixed.GetStats();
+  if (!fixed.CheckInvariants().ok()) ++bad;
+  for (Buffer* b : fb) fixed.FreeBuffer(b);
+  Report("fixed-address round trip", bad == 0 && fs.num_pages_unmapped > 0,
+         std::to_string(bad) + " bad, " + std::to_string(fs.num_pages_mapped) +
+             " pages mapped, " + std::to_string(fs.num_pages_unmapped) +
+             " unmapped, " + std::to_string(fs.bytes_reclaimed) +
+             " bytes reclaimed");
+}
+
+// The workload in one engine mode: 24 layers of 32 MiB activations and
+// 4 MiB weights (about 0.9 GiB at the peak) on 256 MiB, kernels spinning
+// 1 ms forward and 2 ms backward per layer so the host runs ahead of them.
+void Workload(CudaDevice* device, cudaStream_t stream, const char* name,
+              bool prefetch, bool defrag, bool fixed) {
+  if (fixed && device->VmGranularity() == 0) return;
+  EngineOptions options = BaseOptions();
+  options.memory_limit = 256 * kMiB;
+  options.host_memory_limit = size_t{4} << 30;
+  options.prefetch_enabled = prefetch;
+  options.defrag_enabled = defrag;
+  options.fixed_addresses = fixed;
+  options.page_size = std::max<size_t>(device->VmGranularity(), 2 * kMiB);
+  options.virtual_address_bytes = size_t{2} << 30;  // room for the 0.9 GiB
+  // Fixed-address mode has no step plan, only the look-ahead, which skips
+  // tensors over its budget (1/8 of the device by default).
+  if (fixed) options.prefetch_budget_bytes = 96 * kMiB;
+  Engine engine(device, options);
+  Status status = engine.Init();
+  if (!status.ok()) return Report(name, false, status.ToString());
+  workload::Shape shape;
+  shape.layers = 24;
+  shape.activation_bytes = 32 * kMiB;
+  shape.weight_bytes = 4 * kMiB;
+  shape.steps = 4;
+  shape.forward_seconds = 1e-3;
+  shape.backward_seconds = 2e-3;
+  shape.defragment = defrag;
+  workload::CudaKernels kernels(stream);
+  const workload::Result r = workload::Run(&engine, &kernels, shape);
+  const EngineStats& st = r.stats;
+  bool ok = r.status.ok() && r.errors == 0 &&
+            r.checked == shape.steps * (4 * shape.layers - 2) &&
+            st.bytes_reclaimed > 0 && st.num_page_ins > 0 &&
+            engine.CheckInvariants().ok();
+  if (prefetch) ok = ok && st.prefetch_hits > 0;
+  if (defrag) ok = ok && st.num_defragmentations > 0;
+  char detail[512];
+  std::snprintf(
+      detail, sizeof(detail),
+      "%s, %lld wrong words in %lld checks; %.2f GB out, %.2f GB in, "
+      "%lld prefetch hits, %lld misses, %lld defragmentations; last step "
+      "%.3f s",
+      r.status.ToString().c_str(), static_cast<long long>(r.errors),
+      static_cast<long long>(r.checked), st.bytes_reclaimed / 1e9,
+      st.bytes_paged_in / 1e9, static_cast<long long>(st.prefetch_hits),
+      static_cast<long long>(st.prefetch_misses),
+      static_cast<long long>(st.num_defragmentations),
+      r.step_seconds.empty() ? 0.0 : r.step_seconds.back());
+  Report(name, ok, detail);
+}
+
+}  // namespace
+}  // namespace tflms
 
 int main() {
   using namespace tflms;
@@ -23,95 +192,26 @@ int main() {
     std::printf("skipped: %s\n", status.ToString().c_str());
     return 0;
   }
-  EngineOptions options;
-  options.memory_limit = size_t{64} << 20;
-  options.host_memory_limit = size_t{1} << 30;
-  options.defrag_enabled = true;
-  options.verify_moves = true;
-  Engine engine(device.get(), options);
-  if (!(status = engine.Init()).ok()) {
-    std::printf("init failed: %s\n", status.ToString().c_str());
+  // Kernels run on a stream the test owns, as TensorFlow's do on its own.
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) !=
+          cudaSuccess ||
+      !(status = device->UseComputeStream(stream)).ok()) {
+    std::printf("compute stream: %s\n", status.ToString().c_str());
     return 1;
   }
-  const size_t size = size_t{4} << 20;
-  std::vector<Buffer*> buffers;
-  std::vector<std::string> data;
-  for (int i = 0; i < 128; ++i) {  // 512 MiB live on a 64 MiB device
-    Buffer* b = engine.AllocateBuffer(size, false, &status);
-    if (b == nullptr) {
-      std::printf("allocate %d failed: %s\n", i, status.ToString().c_str());
-      return 1;
-    }
-    data.emplace_back(size, static_cast<char>(i * 7 + 1));
-    if (!(status = engine.WriteBuffer(b, 0, data.back().data(), size)).ok()) {
-      std::printf("write failed: %s\n", status.ToString().c_str());
-      return 1;
-    }
-    buffers.push_back(b);
-  }
-  int corrupt = 0;
-  std::string got(size, '\0');
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    status = engine.ReadBuffer(buffers[i], 0, &got[0], size);
-    if (!status.ok() || got != data[i]) ++corrupt;
-  }
-  size_t moved = 0;
-  engine.Defragment(&moved);
-  EngineStats st = engine.GetStats();
-  for (Buffer* b : buffers) engine.FreeBuffer(b);
-  std::printf("cuda engine: %d corrupt, %lld bytes reclaimed, %lld paged in\n",
-              corrupt, static_cast<long long>(st.bytes_reclaimed),
-              static_cast<long long>(st.bytes_paged_in));
-  const bool invariants_ok = engine.CheckInvariants().ok();
-
-  // Fixed-address mode over CUDA virtual memory management: the same
-  // oversubscribed working set, every address the same after eviction.
-  int fixed_bad = 0;
-  if (device->VmGranularity() == 0) {
-    std::printf("fixed-address mode skipped: no CUDA VMM on this device\n");
-  } else {
-    EngineOptions fo = options;
-    fo.fixed_addresses = true;
-    fo.page_size = std::max<size_t>(device->VmGranularity(), size_t{2} << 20);
-    Engine fixed(device.get(), fo);
-    if (!(status = fixed.Init()).ok()) {
-      std::printf("fixed init failed: %s\n", status.ToString().c_str());
-      return 1;
-    }
-    std::vector<Buffer*> fb;
-    std::vector<void*> addrs;
-    for (int i = 0; i < 64; ++i) {  // 256 MiB live on 64 MiB of pages
-      void* addr = nullptr;
-      Buffer* b = fixed.AllocateBuffer(size, false, &status, &addr);
-      if (b == nullptr) {
-        std::printf("fixed allocate %d failed: %s\n", i,
-                    status.ToString().c_str());
-        return 1;
-      }
-      if (!fixed.WriteBuffer(b, 0, data[i].data(), size).ok()) ++fixed_bad;
-      fb.push_back(b);
-      addrs.push_back(addr);
-    }
-    for (int round = 0; round < 2; ++round) {
-      for (size_t i = 0; i < fb.size(); ++i) {
-        void* p = nullptr;
-        if (!fixed.Pin(fb[i], &p).ok() || p != addrs[i]) ++fixed_bad;
-        fixed.Unpin(fb[i]);
-        status = fixed.ReadBuffer(fb[i], 0, &got[0], size);
-        if (!status.ok() || got != data[i]) ++fixed_bad;
-      }
-    }
-    EngineStats fs = fixed.GetStats();
-    if (!fixed.CheckInvariants().ok()) ++fixed_bad;
-    for (Buffer* b : fb) fixed.FreeBuffer(b);
-    std::printf("cuda fixed-address engine: %d bad, %lld pages mapped, %lld "
-                "unmapped, %lld bytes reclaimed\n",
-                fixed_bad, static_cast<long long>(fs.num_pages_mapped),
-                static_cast<long long>(fs.num_pages_unmapped),
-                static_cast<long long>(fs.bytes_reclaimed));
-  }
-  corrupt += fixed_bad;
-  std::printf("%d passed, %d failed\n", corrupt == 0 ? 1 : 0,
-              corrupt == 0 ? 0 : 1);
-  return corrupt == 0 && invariants_ok ? 0 : 1;
+  RoundTrip(device.get());
+  FixedAddressRoundTrip(device.get());
+  Workload(device.get(), stream, "workload, on demand", false, false, false);
+  Workload(device.get(), stream, "workload, prefetch", true, false, false);
+  Workload(device.get(), stream, "workload, defragmentation", false, true,
+           false);
+  Workload(device.get(), stream, "workload, fixed addresses", false, false,
+           true);
+  Workload(device.get(), stream, "workload, fixed addresses + prefetch", true,
+           false, true);
+  device.reset();  // synchronizes its streams before ours goes
+  cudaStreamDestroy(stream);
+  std::printf("%s\n", g_failed == 0 ? "all passed" : "FAILED");
+  return g_failed == 0 ? 0 : 1;
 }

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Everything a lent GPU machine should run, in one call (docs/results.md, "On a
+# GPU"): the CUDA engine tests, the same under compute-sanitizer, and the
+# CUDA benchmark. Binaries built here (make build/cuda_engine_test
+# build/cuda_bench) are used when they start; otherwise they are rebuilt with
+# the machine's nvcc. Logs and the benchmark's JSON go to ${OUT:-out/gpu}.
+set -u
+out=${OUT:-out/gpu}
+mkdir -p "$out"
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,clocks.sm,clocks.mem --format=csv
+  nproc; free -g | head -2
+} 2>&1 | tee "$out/machine.txt"
+for b in cuda_engine_test cuda_bench; do
+  [ -x build/$b ] || make -s build/$b NVCC_ARCH=-arch=sm_90 || exit 1
+done
+echo "== CUDA engine tests"
+timeout 180 build/cuda_engine_test 2>&1 | tee "$out/cuda_engine_test.txt"
+test_rc=${PIPESTATUS[0]}
+echo "== CUDA benchmark"
+timeout 300 build/cuda_bench "$out/cuda_bench.json" 2>&1 | tee "$out/cuda_bench.txt"
+bench_rc=${PIPESTATUS[0]}
+if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
+  echo "== CUDA engine tests under compute-sanitizer (memcheck)"
+  timeout 240 compute-sanitizer --tool memcheck --print-limit 20 build/cuda_engine_test >"$out/memcheck.txt" 2>&1
+  echo "memcheck exit $?"; tail -15 "$out/memcheck.txt"
+fi
+echo "tests exit $test_rc, bench exit $bench_rc"
+exit $(( test_rc != 0 || bench_rc != 0 ))
