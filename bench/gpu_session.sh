@@ -19,8 +19,14 @@ echo "== CUDA engine tests"
 timeout 180 build/cuda_engine_test 2>&1 | tee "$out/cuda_engine_test.txt"
 test_rc=${PIPESTATUS[0]}
 echo "== CUDA benchmark"
-timeout 300 build/cuda_bench "$out/cuda_bench.json" 2>&1 | tee "$out/cuda_bench.txt"
+timeout 300 build/cuda_bench --sections "${SECTIONS:-123456}" "$out/cuda_bench.json" 2>&1 | tee "$out/cuda_bench.txt"
 bench_rc=${PIPESTATUS[0]}
+# A baseline binary (the same benchmark over an earlier engine, built by
+# hand into build/cuda_bench_base) runs the workload tables beside it.
+if [ -x build/cuda_bench_base ]; then
+  echo "== CUDA benchmark, baseline engine (workload tables)"
+  timeout 240 build/cuda_bench_base --sections 56 "$out/cuda_bench_base.json" 2>&1 | tee "$out/cuda_bench_base.txt"
+fi
 if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
   echo "== CUDA engine tests under compute-sanitizer (memcheck)"
   timeout 240 compute-sanitizer --tool memcheck --print-limit 20 build/cuda_engine_test >"$out/memcheck.txt" 2>&1

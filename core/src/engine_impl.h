@@ -65,6 +65,10 @@ class Buffer {
   size_t clean_host_bytes = 0;
   // While prefetched: how many pins ahead of its use it was paged in.
   size_t prefetch_distance = 0;
+  // Its prefetch was evicted again before the pin (NotePrefetchWastedLocked)
+  // and no pin has come since: a miss now follows from that, not from a
+  // distance too short.
+  bool prefetch_wasted = false;
   // Paged out ahead of pressure (kPagingOut with no thread waiting on the
   // copy): in Impl::early_outs_ once its copy is enqueued. See
   // StartEarlyPageOut.
@@ -404,6 +408,13 @@ class Engine::Impl {
   // A prefetched buffer is paged out again before its pin: the memory it
   // took was needed first. Its key is paged in closer to its use from now.
   void NotePrefetchWastedLocked(Buffer* b);
+  // A pin found its buffer still on the host although no prefetch of it
+  // was wasted since its last pin: where a wasted prefetch had moved its
+  // key closer to the use, that distance was too short.
+  void NotePrefetchMissLocked(Buffer* b);
+  // The largest allocation the planned step makes before the pin at
+  // position `to` and at or after `from`; 0 without a plan.
+  size_t LargestAllocationBetween(size_t from, size_t to) const;
   // `b` stops being a prefetch not yet pinned (pinned, evicted or freed):
   // a look-ahead prefetch's bytes leave the byte budget's count.
   void EndPrefetchLocked(Buffer* b);
@@ -680,7 +691,8 @@ class Engine::Impl {
     size_t inflight_bytes = 0;  // prefetched, not yet pinned
     // Per key, how many pins ahead of its use a buffer may be paged in; no
     // entry: prefetch_lookahead. Halved when its prefetch was evicted again
-    // before the use (NotePrefetchWastedLocked).
+    // before the use (NotePrefetchWastedLocked), dropped when the key then
+    // missed (NotePrefetchMissLocked).
     std::unordered_map<int64_t, size_t> distance;
     // Per key, the positions in this step's pin order (recording) at which
     // it was paged out, and the same for the step `learned` comes from.
@@ -712,6 +724,9 @@ class Engine::Impl {
     size_t in_next = 0;  // the first of planned_ins not started yet
     uint64_t plan_generation = 0;  // bumped by every PlanStepLocked
     size_t plan_largest = 0;  // the largest buffer of the planned step
+    // The planned step's allocations as (pins before it, rounded bytes),
+    // in order (LargestAllocationBetween).
+    std::vector<std::pair<size_t, size_t>> plan_allocs;
     size_t early_out_bytes = 0;  // host bytes of early page-outs in flight
   } prefetch_;
 };

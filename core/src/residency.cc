@@ -635,6 +635,7 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
       TFLMS_RETURN_IF_ERROR(s);
       ++counters_.prefetch_misses;
       counters_.bytes_paged_in_on_demand += static_cast<int64_t>(b->size);
+      if (options_.prefetch_enabled) NotePrefetchMissLocked(b);
       continue;
     }
     if (b->early_out && CancelEarlyPageOutLocked(b)) continue;
@@ -656,6 +657,7 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
     b->ready.reset();
     ready.reset();
   }
+  b->prefetch_wasted = false;
   if (b->prefetched) {
     ++counters_.prefetch_hits;
     if (ready) {  // still landing when the kernel is launched

@@ -161,7 +161,7 @@ void Workload(CudaDevice* device, cudaStream_t stream, const char* name,
   const workload::Result r = workload::Run(&engine, &kernels, shape);
   const EngineStats& st = r.stats;
   bool ok = r.status.ok() && r.errors == 0 &&
-            r.checked == shape.steps * (4 * shape.layers - 2) &&
+            r.checked == shape.steps * (5 * shape.layers - 2) &&
             st.bytes_reclaimed > 0 && st.num_page_ins > 0 &&
             engine.CheckInvariants().ok();
   if (prefetch) ok = ok && st.prefetch_hits > 0;

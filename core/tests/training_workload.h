@@ -15,17 +15,20 @@
 // chunk handed out while its last reader was still queued, or a stale copy
 // brought back shows as a counted error, not as a crash.
 //
-// The driver follows TensorFlow's executor: a kernel's buffers are pinned
-// before its launch and unpinned right after it (not after the kernel ran),
-// and a buffer is freed as soon as its last kernel was launched. The host
-// only waits at the end of a step (the loss fetch).
+// The driver follows TensorFlow's executor: an op's inputs are pinned
+// before its output is allocated and its kernels launched, and unpinned
+// right after the launch (not after the kernels ran); a buffer is freed as
+// soon as its last op was launched. The host only waits at the end of a
+// step (the loss fetch).
 #ifndef TFLMS_CORE_TESTS_TRAINING_WORKLOAD_H_
 #define TFLMS_CORE_TESTS_TRAINING_WORKLOAD_H_
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tflms/engine.h"
@@ -140,23 +143,60 @@ class Launcher {
     Status s = engine_->FreeBuffer(b);
     if (!s.ok() && ok()) result_->status = s;
   }
-  // Reads `b` (written with `seed`) in a kernel.
-  void Read(Buffer* b, uint32_t seed) {
-    const void* p = Pin(b);
-    if (p == nullptr) return;
-    kernels_->Check(p, engine_->BufferSize(b), seed);
-    ++result_->checked;
-    Unpin(b);
-  }
-  // Overwrites `b` with `seed` in a kernel.
-  void Write(Buffer* b, uint32_t seed) {
-    void* p = Pin(b);
-    if (p == nullptr) return;
-    kernels_->Fill(p, engine_->BufferSize(b), seed);
-    Unpin(b);
+  // One op as TensorFlow's executor runs it: its inputs pinned (paged in
+  // if needed) before its output is allocated, so no reclaim for the output
+  // can take them; the kernels launched (each input checked against the
+  // seed it was written with, the output filled, `busy` seconds of
+  // arithmetic, `update` -- one of the inputs -- overwritten in place with
+  // `update_seed`, as an optimizer's apply op does); then everything
+  // unpinned right after the launch. *out is null when no output is asked
+  // (out_bytes 0) or the op failed.
+  struct In {
+    Buffer* b;
+    uint32_t seed;
+  };
+  void Op(std::initializer_list<In> inputs, size_t out_bytes,
+          uint32_t out_seed, double busy, Buffer** out,
+          Buffer* update = nullptr, uint32_t update_seed = 0) {
+    *out = nullptr;
+    std::vector<std::pair<Buffer*, void*>> pinned;
+    for (const In& in : inputs) {
+      if (in.b == nullptr) continue;
+      void* p = Pin(in.b);
+      if (p == nullptr) break;
+      pinned.push_back({in.b, p});
+    }
+    void* out_ptr = nullptr;
+    if (pinned.size() == CountInputs(inputs) && out_bytes > 0) {
+      *out = Allocate(out_bytes, &out_ptr);
+    }
+    if (ok()) {
+      size_t i = 0;
+      for (const In& in : inputs) {
+        if (in.b == nullptr) continue;
+        kernels_->Check(pinned[i++].second, engine_->BufferSize(in.b),
+                        in.seed);
+        ++result_->checked;
+      }
+      if (*out != nullptr) kernels_->Fill(out_ptr, out_bytes, out_seed);
+      kernels_->Busy(busy);
+      for (const auto& pb : pinned) {
+        if (pb.first == update) {
+          kernels_->Fill(pb.second, engine_->BufferSize(update), update_seed);
+        }
+      }
+    }
+    for (const auto& pb : pinned) Unpin(pb.first);
+    if (*out != nullptr) Unpin(*out);
   }
 
  private:
+  static size_t CountInputs(std::initializer_list<In> inputs) {
+    size_t n = 0;
+    for (const In& in : inputs) n += in.b != nullptr;
+    return n;
+  }
+
   Engine* engine_;
   Kernels* kernels_;
   Result* result_;
@@ -164,11 +204,13 @@ class Launcher {
 
 }  // namespace internal
 
-// Runs `shape.steps` steps. Forward: layer i reads its weights and the
-// previous activation and writes its activation. Backward, from the last
-// layer: reads the activation and the incoming gradient, writes the outgoing
-// gradient and the updated weights, frees what it read. Every buffer the
-// workload created is freed before it returns, also on failure.
+// Runs `shape.steps` steps. Forward: layer i's op reads its weights and
+// the previous activation and writes its activation. Backward, from the last
+// layer: one op reads the activation, the incoming gradient and the weights,
+// writes the outgoing gradient and updates the weights in place; the
+// activation and the incoming gradient are freed right after it, as
+// TensorFlow frees a tensor once its last consumer was launched. Every
+// buffer the workload created is freed before it returns, also on failure.
 inline Result Run(Engine* engine, Kernels* kernels, const Shape& shape) {
   using internal::Seed;
   enum : uint32_t { kWeight = 1, kActivation = 2, kGradient = 3 };
@@ -177,24 +219,16 @@ inline Result Run(Engine* engine, Kernels* kernels, const Shape& shape) {
   const int n = shape.layers;
   std::vector<Buffer*> weights(n, nullptr), acts(n, nullptr);
   for (int i = 0; i < n && k.ok(); ++i) {
-    void* p = nullptr;
-    weights[i] = k.Allocate(shape.weight_bytes, &p);
-    if (weights[i] == nullptr) break;
-    kernels->Fill(p, shape.weight_bytes, Seed(kWeight, i, 0));
-    k.Unpin(weights[i]);
+    k.Op({}, shape.weight_bytes, Seed(kWeight, i, 0), 0, &weights[i]);
   }
   for (int step = 0; step < shape.steps && k.ok(); ++step) {
     const double start = kernels->Now();
     if (shape.step_begin) engine->StepBegin();
     for (int i = 0; i < n && k.ok(); ++i) {
-      k.Read(weights[i], Seed(kWeight, i, step));
-      if (i > 0) k.Read(acts[i - 1], Seed(kActivation, i - 1, step));
-      void* p = nullptr;
-      acts[i] = k.Allocate(shape.activation_bytes, &p);
-      if (acts[i] == nullptr) break;
-      kernels->Fill(p, shape.activation_bytes, Seed(kActivation, i, step));
-      kernels->Busy(shape.forward_seconds);
-      k.Unpin(acts[i]);
+      k.Op({{weights[i], Seed(kWeight, i, step)},
+            {i > 0 ? acts[i - 1] : nullptr, Seed(kActivation, i - 1, step)}},
+           shape.activation_bytes, Seed(kActivation, i, step),
+           shape.forward_seconds, &acts[i]);
     }
     Buffer* grad = nullptr;
     for (int i = n - 1; i >= 0 && k.ok(); --i) {
@@ -203,15 +237,13 @@ inline Result Run(Engine* engine, Kernels* kernels, const Shape& shape) {
         Status s = engine->Defragment(&moved);
         if (!s.ok()) r.status = s;
       }
-      k.Read(acts[i], Seed(kActivation, i, step));
-      if (grad != nullptr) k.Read(grad, Seed(kGradient, i + 1, step));
-      void* p = nullptr;
-      Buffer* out = k.Allocate(shape.activation_bytes, &p);
-      if (out == nullptr) break;
-      kernels->Fill(p, shape.activation_bytes, Seed(kGradient, i, step));
-      kernels->Busy(shape.backward_seconds);
-      k.Unpin(out);
-      k.Write(weights[i], Seed(kWeight, i, step + 1));
+      Buffer* out = nullptr;
+      k.Op({{acts[i], Seed(kActivation, i, step)},
+            {grad, Seed(kGradient, i + 1, step)},
+            {weights[i], Seed(kWeight, i, step)}},
+           shape.activation_bytes, Seed(kGradient, i, step),
+           shape.backward_seconds, &out, weights[i],
+           Seed(kWeight, i, step + 1));
       k.Free(acts[i]);
       acts[i] = nullptr;
       k.Free(grad);

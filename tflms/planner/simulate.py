@@ -31,12 +31,12 @@ if TYPE_CHECKING:
 
 # Input sizes of 3D models are searched in multiples of this (U-Net pooling depth).
 SIZE_STEP = 16
-# Assumed host time per 2 MiB page of the add-on's fixed-address mode: one map is a
-# cuMemMap plus a cuMemSetAccess, one unmap a cuMemUnmap. Not measured (no GPU here):
-# an order of magnitude for driver calls that change page tables, to be replaced by a
-# measurement.
-ASSUMED_MAP_US = 20.0
-ASSUMED_UNMAP_US = 20.0
+# Host time per 2 MiB page of the add-on's fixed-address mode: one map is a cuMemMap
+# (of a pooled physical page) plus its share of one cuMemSetAccess per run of pages, one
+# unmap a cuMemUnmap. Measured on an H200 with driver 580.159 (bench/cuda_bench.cu, table 4;
+# docs/gpu/h200-2026-11-26-bench.txt): 23.6 us and 16.8 us.
+ASSUMED_MAP_US = 24.0
+ASSUMED_UNMAP_US = 17.0
 
 
 @dataclasses.dataclass(frozen=True)
