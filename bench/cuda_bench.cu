@@ -355,21 +355,12 @@ VmmCost VmmTable(CudaDevice* device) {
 // ---- 5. the training workload ----
 
 workload::Shape TrainingShape(bool link_bound) {
-  workload::Shape s;
-  s.layers = 32;
-  s.activation_bytes = 256 * kMiB;
-  s.weight_bytes = 32 * kMiB;
-  s.steps = 6;
-  s.forward_seconds = link_bound ? 0.25e-3 : 2e-3;
-  s.backward_seconds = link_bound ? 0.5e-3 : 4e-3;
-  return s;
+  return link_bound
+             ? workload::Shape(32, 256 * kMiB, 32 * kMiB, 6, 0.25e-3, 0.5e-3)
+             : workload::Shape(32, 256 * kMiB, 32 * kMiB, 6, 2e-3, 4e-3);
 }
 
-// Live bytes at the end of the forward pass, the workload's peak.
-size_t PeakBytes(const workload::Shape& s) {
-  return s.layers * (s.activation_bytes + s.weight_bytes) +
-         2 * s.activation_bytes;
-}
+size_t PeakBytes(const workload::Shape& s) { return s.PeakBytes(); }
 
 struct Mode {
   const char* name;

@@ -149,13 +149,7 @@ void Workload(CudaDevice* device, cudaStream_t stream, const char* name,
   Engine engine(device, options);
   Status status = engine.Init();
   if (!status.ok()) return Report(name, false, status.ToString());
-  workload::Shape shape;
-  shape.layers = 24;
-  shape.activation_bytes = 32 * kMiB;
-  shape.weight_bytes = 4 * kMiB;
-  shape.steps = 4;
-  shape.forward_seconds = 1e-3;
-  shape.backward_seconds = 2e-3;
+  workload::Shape shape(24, 32 * kMiB, 4 * kMiB, 4, 1e-3, 2e-3);
   shape.defragment = defrag;
   workload::CudaKernels kernels(stream);
   const workload::Result r = workload::Run(&engine, &kernels, shape);

@@ -2025,11 +2025,7 @@ TEST(FixedManyThreadsNoCorruptionNoDeadlock) {
 // GPU) on a device under half its peak: every read must see what the last
 // write left, in each of the engine's modes.
 TEST(TrainingWorkloadReadsWhatItWroteInEveryMode) {
-  workload::Shape shape;
-  shape.layers = 12;
-  shape.activation_bytes = kMiB;
-  shape.weight_bytes = 256 * 1024;
-  shape.steps = 4;
+  workload::Shape shape(12, kMiB, 256 * 1024, 4, 0, 0);
   struct Mode {
     const char* name;
     bool prefetch, defrag, fixed;
@@ -2086,16 +2082,8 @@ TEST(TrainingWorkloadReadsWhatItWroteInEveryMode) {
 // at 5x a prefetched tensor sat in the hole the next op's output needed
 // (63% slower than on demand).
 TEST(PrefetchKeepsItsStepTimeOverManySteps) {
-  workload::Shape shape;
-  shape.layers = 32;
-  shape.activation_bytes = 256 * kMiB;
-  shape.weight_bytes = 32 * kMiB;
-  shape.steps = 24;
-  shape.forward_seconds = 2e-3;
-  shape.backward_seconds = 4e-3;
-  const size_t peak = shape.layers * (shape.activation_bytes +
-                                       shape.weight_bytes) +
-                      2 * shape.activation_bytes;
+  const workload::Shape shape(32, 256 * kMiB, 32 * kMiB, 24, 2e-3, 4e-3);
+  const size_t peak = shape.PeakBytes();
   for (int x : {3, 5}) {
     const size_t device = peak / x / (64 * kMiB) * (64 * kMiB);
     double steady[2] = {0, 0};

@@ -91,6 +91,22 @@ struct Shape {
   // Defragment halfway through the backward pass, where the freed
   // activations have left holes.
   bool defragment = false;
+
+  Shape() = default;
+  Shape(int layers, size_t activation_bytes, size_t weight_bytes, int steps,
+        double forward_seconds, double backward_seconds)
+      : layers(layers),
+        activation_bytes(activation_bytes),
+        weight_bytes(weight_bytes),
+        steps(steps),
+        forward_seconds(forward_seconds),
+        backward_seconds(backward_seconds) {}
+
+  // Live bytes at the end of the forward pass (every activation and weight,
+  // and the first backward op's two gradients): the step's peak.
+  size_t PeakBytes() const {
+    return layers * (activation_bytes + weight_bytes) + 2 * activation_bytes;
+  }
 };
 
 struct Result {

@@ -176,6 +176,17 @@ def add_parsers(sub: Any) -> None:
         "--from-json", metavar="FILE", help="rewrite the markdown from a saved --json-output"
     )
     r.add_argument(
+        "--gpu-bench",
+        metavar="JSON",
+        help="with --from-json: keep this `make bench-cuda` JSON (measured on a GPU) in the "
+        "saved results and render it as the page's 'Measured on a GPU'",
+    )
+    r.add_argument(
+        "--gpu-baseline",
+        metavar="JSON",
+        help="with --gpu-bench: the same benchmark over an earlier engine, shown beside it",
+    )
+    r.add_argument(
         "--calibrate",
         action="store_true",
         help="only print the compute efficiencies that match the published throughputs",
@@ -500,6 +511,24 @@ def cmd_results(args: argparse.Namespace) -> int:
     reason = _check_writable(out, args.force, RESULTS_MARKER)
     if reason:
         return _fail(reason)
+    if (args.gpu_bench or args.gpu_baseline) and not args.from_json:
+        return _fail("--gpu-bench and --gpu-baseline go with --from-json")
+    if args.gpu_baseline and not args.gpu_bench:
+        return _fail("--gpu-baseline needs --gpu-bench")
+    if args.gpu_bench:
+        from tflms.planner.gpu_report import attach
+
+        saved = Path(args.from_json)
+        try:
+            res = attach(
+                json.loads(saved.read_text(encoding="utf-8")),
+                Path(args.gpu_bench),
+                Path(args.gpu_baseline) if args.gpu_baseline else None,
+            )
+        except (OSError, ValueError) as exc:
+            return _fail(f"cannot add the GPU measurements: {exc}")
+        saved.write_text(json.dumps(res, indent=2), encoding="utf-8")
+        print(f"kept {args.gpu_bench} in {saved}")
     if args.from_json:
         return _rewrite_from_json(Path(args.from_json), out, results_markdown)
     models = study.RESULT_MODELS
@@ -529,10 +558,22 @@ def cmd_results(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             return _fail(f"cannot read the saved results {args.json_output}: {exc}")
 
+    # What a GPU measured (--gpu-bench) is not rerun here: it stays in the saved results.
+    kept_gpu: Any = None
+    if args.json_output and Path(args.json_output).exists():
+        try:
+            kept_gpu = json.loads(Path(args.json_output).read_text(encoding="utf-8")).get(
+                "gpu_measured"
+            )
+        except (OSError, ValueError, AttributeError):
+            kept_gpu = None
+
     def save(res: dict[str, Any]) -> None:
         # Written after every study, so a long run that is stopped keeps what it found.
         if previous is not None:
             res = study.merge_results(previous, res)
+        if kept_gpu is not None:
+            res = {**res, "gpu_measured": kept_gpu}
         if args.json_output:
             Path(args.json_output).write_text(json.dumps(res, indent=2), encoding="utf-8")
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -477,10 +477,11 @@ def results_markdown(res: dict[str, Any]) -> str:
         RESULTS_MARKER,
         "# Planner results: how far LMS takes each model, and at what cost",
         "",
-        "Every figure below is a prediction by the real LMS engine (the C++ core that the",
-        "TensorFlow patch carries), run with its simulated device on a modelled GPU, replaying a",
-        "real training step (forward, loss, gradients, optimizer) traced from the Keras model with",
-        "TensorFlow 2.21.0 on the CPU. Regenerate with `make results` (`tflms results --force`);",
+        "Every figure below (but those of *Measured on a GPU*, where a GPU was at hand) is a",
+        "prediction by the real LMS engine (the C++ core that the TensorFlow patch carries), run",
+        "with its simulated device on a modelled GPU, replaying a real training step (forward,",
+        "loss, gradients, optimizer) traced from the Keras model with TensorFlow 2.21.0 on the",
+        "CPU. Regenerate with `make results` (`tflms results --force`);",
         f"it took {res['wall_s'] / 60:.0f} minutes on 2 cores.",
         "",
         "The replay does what the patch does: a kernel's inputs (and the variables it reaches)",
@@ -667,6 +668,9 @@ def results_markdown(res: dict[str, Any]) -> str:
         ),
         "",
     ]
+    from tflms.planner.gpu_report import section_if_measured  # it imports this module
+
+    lines += section_if_measured(res)
     if res.get("paper"):
         lines += paper_markdown(res["paper"])
     lines += calibration_markdown(res["calibration"])
