@@ -138,8 +138,8 @@ def gpu_markdown(measured: dict[str, Any]) -> list[str]:
         f"(gpu/{Path(measured['file']).name}) and its neighbours in docs/gpu/). "
         "These are measurements, not predictions. The CUDA engine tests "
         "(`make cuda-test`: round trips, fixed addresses, and the training workload below "
-        "in five engine modes with every word checked) passed there; compute-sanitizer's "
-        "memcheck ran them in the session's first run (0 errors).",
+        "in five engine modes with every word checked) passed there, also under "
+        "compute-sanitizer's memcheck (0 errors; the `-memcheck.txt` file beside it).",
         "",
         "### Copy bandwidth: the engine's copy streams against the card",
         "",
