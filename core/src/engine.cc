@@ -505,20 +505,47 @@ Engine::Engine(Device* device, const EngineOptions& options)
     : impl_(std::make_unique<Impl>(device, options)) {}
 Engine::~Engine() = default;
 
-Status Engine::Init() { return impl_->Init(); }
+Status Engine::Init() {
+  Status s = impl_->Init();
+  impl_->init_status_ = s;
+  impl_->initialized_.store(s.ok(), std::memory_order_release);
+  return s;
+}
+
+Status Engine::Impl::NotInitialized() const {
+  return FailedPrecondition(
+      "the LMS engine is not initialized (" + init_status_.ToString() +
+      "); call Engine::Init() and use the engine only once it returned OK");
+}
+
+namespace {
+bool Ready(const Engine::Impl& impl) {
+  return impl.initialized_.load(std::memory_order_acquire);
+}
+}  // namespace
 const EngineOptions& Engine::options() const { return impl_->options_; }
 void* Engine::AllocateRaw(size_t bytes, Status* status) {
+  if (!Ready(*impl_)) {
+    *status = impl_->NotInitialized();
+    return nullptr;
+  }
   return impl_->AllocateRaw(bytes, status);
 }
-void Engine::DeallocateRaw(void* ptr) { impl_->DeallocateRaw(ptr); }
+void Engine::DeallocateRaw(void* ptr) {
+  if (Ready(*impl_)) impl_->DeallocateRaw(ptr);
+}
 size_t Engine::RequestedSize(const void* ptr) const {
-  return impl_->RequestedSize(ptr);
+  return Ready(*impl_) ? impl_->RequestedSize(ptr) : 0;
 }
 size_t Engine::AllocatedSize(const void* ptr) const {
-  return impl_->AllocatedSize(ptr);
+  return Ready(*impl_) ? impl_->AllocatedSize(ptr) : 0;
 }
 Buffer* Engine::AllocateBuffer(size_t bytes, bool pinned, Status* status,
                                void** device_ptr) {
+  if (!Ready(*impl_)) {
+    *status = impl_->NotInitialized();
+    return nullptr;
+  }
   return impl_->AllocateBuffer(bytes, pinned, status, device_ptr);
 }
 Status Engine::FreeBuffer(Buffer* buffer) { return impl_->FreeBuffer(buffer); }
@@ -548,22 +575,35 @@ int Engine::PinCount(const Buffer* buffer) const {
   return buffer->pin_count;
 }
 Status Engine::ReclaimInactive(size_t* bytes) {
+  *bytes = 0;
+  if (!Ready(*impl_)) return impl_->NotInitialized();
   return impl_->ReclaimInactive(bytes);
 }
 Status Engine::Defragment(size_t* bytes_moved) {
+  *bytes_moved = 0;
+  if (!Ready(*impl_)) return impl_->NotInitialized();
   return impl_->Defragment(bytes_moved);
 }
 void Engine::StepBegin() { impl_->StepBegin(); }
 void Engine::NoteStepId(int64_t step_id) { impl_->NoteStepId(step_id); }
 Status Engine::SetLmsLimit(size_t bytes) { return impl_->SetLmsLimit(bytes); }
-EngineStats Engine::GetStats() const { return impl_->GetStats(); }
-void Engine::ClearStats() { impl_->ClearStats(); }
+EngineStats Engine::GetStats() const {
+  return Ready(*impl_) ? impl_->GetStats() : EngineStats();
+}
+void Engine::ClearStats() {
+  if (Ready(*impl_)) impl_->ClearStats();
+}
 void Engine::GetFreeSpace(size_t* largest_free, size_t* total_free) const {
+  *largest_free = *total_free = 0;
+  if (!Ready(*impl_)) return;
   std::lock_guard<std::mutex> lock(impl_->mu_);
   // In fixed-address mode: of the virtual range's regions.
   *largest_free = impl_->arena_->LargestFreeChunk();
   *total_free = impl_->arena_->TotalFreeBytes();
 }
-Status Engine::CheckInvariants() const { return impl_->CheckInvariants(); }
+Status Engine::CheckInvariants() const {
+  if (!Ready(*impl_)) return impl_->NotInitialized();
+  return impl_->CheckInvariants();
+}
 
 }  // namespace tflms

@@ -25,6 +25,7 @@
 #ifndef TFLMS_CORE_SRC_ENGINE_IMPL_H_
 #define TFLMS_CORE_SRC_ENGINE_IMPL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -507,6 +508,13 @@ class Engine::Impl {
   Device* const device_;
   EngineOptions options_;
   size_t lms_limit_ = 0;
+  // Set once Init succeeded (Engine::Init writes it, before any other call
+  // by the engine's contract); until then the public methods that need the
+  // arena or the host pool refuse with NotInitialized() instead of touching
+  // what does not exist yet.
+  std::atomic<bool> initialized_{false};
+  Status init_status_ = FailedPrecondition("Engine::Init() was not called");
+  Status NotInitialized() const;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;  // buffer state transitions

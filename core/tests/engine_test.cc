@@ -2116,6 +2116,38 @@ TEST(PrefetchKeepsItsStepTimeOverManySteps) {
   }
 }
 
+
+TEST(UseBeforeOrAfterAFailedInitIsRefusedNotACrash) {
+  SimOptions so;
+  so.device_memory = 4 * kMiB;
+  SimDevice device(so);
+  for (size_t limit : {size_t{4} * kMiB, size_t{0}}) {
+    EngineOptions eo;
+    eo.memory_limit = limit;
+    Engine engine(&device, eo);
+    const bool failed_init = limit == 0;
+    if (failed_init) EXPECT(!engine.Init().ok());
+    Status s;
+    EXPECT(engine.AllocateBuffer(kMiB, true, &s) == nullptr);
+    EXPECT(s.code() == Code::kFailedPrecondition);
+    EXPECT(s.ToString().find(failed_init ? "memory_limit" : "was not called") !=
+           std::string::npos);
+    EXPECT(engine.AllocateRaw(kMiB, &s) == nullptr &&
+           s.code() == Code::kFailedPrecondition);
+    size_t n = 1;
+    EXPECT(engine.ReclaimInactive(&n).code() == Code::kFailedPrecondition &&
+           n == 0);
+    EXPECT(engine.Defragment(&n).code() == Code::kFailedPrecondition);
+    EXPECT(engine.CheckInvariants().code() == Code::kFailedPrecondition);
+    EXPECT(engine.GetStats().bytes_limit == 0);
+    size_t largest = 1, total = 1;
+    engine.GetFreeSpace(&largest, &total);
+    EXPECT(largest == 0 && total == 0);
+    engine.ClearStats();
+    engine.DeallocateRaw(nullptr);
+  }
+}
+
 }  // namespace
 }  // namespace tflms
 

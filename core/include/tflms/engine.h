@@ -113,6 +113,10 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Validates options against the device; call before using the engine.
+  // Until it has returned OK, allocations fail and ReclaimInactive,
+  // Defragment and CheckInvariants return kFailedPrecondition naming why
+  // (GetStats and GetFreeSpace report zeros) instead of touching an arena
+  // that does not exist.
   Status Init();
 
   const EngineOptions& options() const;
