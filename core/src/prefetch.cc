@@ -46,7 +46,9 @@
 // alone into memory that is free; a prefetch may evict at most one victim
 // (single reclaim), never run a full reclaim or defragmentation, and a key
 // whose prefetch was evicted again before its use is paged in closer to it
-// (half the distance) from then on.
+// (half the distance) until it misses in a step where no prefetch of it was
+// wasted (NotePrefetchMissLocked). An over-budget tensor is paged in only
+// where the hole left still holds what the step allocates before its use.
 //
 // Page-out ahead of pressure: the positions at which each key was paged out
 // are noted per step; in the next step, a buffer unpinned at its last use
