@@ -14,9 +14,11 @@
 //      planner's prediction for the same workload (the engine over the
 //      simulated device with table 1's bandwidths and the kernels' measured
 //      times): the planner checked against the hardware it models.
-//   6. (with --sections ...6) the balanced workload at 2x, 4x and 6x its
-//      device and a finer-grained one, measured beside the planner.
-// Usage: cuda_bench [--sections 12345] [results.json]
+//   6. the balanced workload at 2x, 4x and 6x its device, a finer-grained
+//      one, and a 24-step run, measured beside the planner;
+//   7. the launch queue: host time per kernel launch and how many kernels
+//      the host runs ahead before it blocks (two planner defaults).
+// Usage: cuda_bench [--sections 1234567] [results.json]
 //        cuda_bench --predict-only D2H_GBPS H2D_GBPS [MAP_US UNMAP_US]
 //                   [--sections 56]
 // (--predict-only runs the planner side alone, on a machine without a GPU).
@@ -661,6 +663,52 @@ void SweepTable(const WorkloadContext& ctx) {
   LongRun(ctx);
 }
 
+// ---- 7. the launch queue ----
+
+// The planner models the host as spending a launch time per kernel (5 us)
+// and blocking once the compute stream holds 1000 unfinished kernels
+// (tflms/planner/replay.py, LAUNCH_QUEUE_DEPTH). Measured here: kernels of
+// 200 us each are launched back to back; the host's time per launch while
+// the queue fills, and how many launches pass before one blocks.
+void LaunchQueueTable(cudaStream_t stream) {
+  constexpr int kLaunches = 6000;
+  workload::CudaKernels k(stream);
+  k.Busy(1e-3);
+  k.Synchronize();
+  std::vector<double> t(kLaunches + 1);
+  t[0] = Now();
+  for (int i = 0; i < kLaunches; ++i) {
+    k.Busy(200e-6);
+    t[i + 1] = Now();
+  }
+  k.Synchronize();
+  // The first launch that took longer than half a kernel: the host waited
+  // for a slot in the queue.
+  int depth = -1;
+  for (int i = 1; i <= kLaunches; ++i) {
+    if (t[i] - t[i - 1] > 100e-6) {
+      depth = i - 1;
+      break;
+    }
+  }
+  std::vector<double> before;
+  for (int i = 1; i <= (depth > 0 ? depth : kLaunches); ++i) {
+    before.push_back(t[i] - t[i - 1]);
+  }
+  const double launch = Median(before);
+  std::printf("\n7. Launch queue: %d kernels of 200 us launched back to back\n",
+              kLaunches);
+  std::printf("host time per launch while the queue fills: %.2f us (median)\n",
+              launch * 1e6);
+  if (depth > 0) {
+    std::printf("launches before the host first blocked: %d\n", depth);
+  } else {
+    std::printf("the host never blocked in %d launches\n", kLaunches);
+  }
+  Put("launch_us", launch * 1e6);
+  Put("launch_queue_depth", depth);
+}
+
 bool Has(const std::string& sections, char c) {
   return sections.find(c) != std::string::npos;
 }
@@ -683,7 +731,7 @@ int main(int argc, char** argv) {
   using namespace tflms;
   const char* json = nullptr;
   bool predict_only = false;
-  std::string sections = "12345";
+  std::string sections = "1234567";
   double d2h = 0, h2d = 0;
   int i_map = 0;
   for (int i = 1; i < argc; ++i) {
@@ -751,6 +799,7 @@ int main(int argc, char** argv) {
   Put("fill_kernel_gbps", 1e-9 / ctx.per_byte);
   if (Has(sections, '5')) WorkloadTable(ctx);
   if (Has(sections, '6')) SweepTable(ctx);
+  if (Has(sections, '7')) LaunchQueueTable(stream);
   if (json != nullptr) WriteJson(json, prop.name);
   device.reset();
   cudaStreamDestroy(stream);

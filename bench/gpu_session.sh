@@ -19,7 +19,7 @@ echo "== CUDA engine tests"
 timeout 180 build/cuda_engine_test 2>&1 | tee "$out/cuda_engine_test.txt"
 test_rc=${PIPESTATUS[0]}
 echo "== CUDA benchmark"
-timeout 300 build/cuda_bench --sections "${SECTIONS:-123456}" "$out/cuda_bench.json" 2>&1 | tee "$out/cuda_bench.txt"
+timeout 300 build/cuda_bench --sections "${SECTIONS:-1234567}" "$out/cuda_bench.json" 2>&1 | tee "$out/cuda_bench.txt"
 bench_rc=${PIPESTATUS[0]}
 # A baseline binary (the same benchmark over an earlier engine, built by
 # hand into build/cuda_bench_base) runs the workload tables beside it.

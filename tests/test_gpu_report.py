@@ -104,3 +104,12 @@ def test_a_rerun_of_the_results_keeps_what_the_gpu_measured(
     assert main([*base, "--json-output", str(saved), "--no-progress"]) == 0
     assert json.loads(saved.read_text())["gpu_measured"]["figures"]["device"] == "NVIDIA H200"
     assert "## Measured on a GPU" in out.read_text()
+
+
+def test_launch_queue_figures_are_rendered_when_measured() -> None:
+    launch = GPU_DIR / "h200-2026-11-26-run3-launch.json"
+    g = json.loads(launch.read_text())
+    md = "\n".join(gpu_markdown(load_bench(launch)))
+    assert f"{g['launch_us']:.1f} us of host time per launch" in md
+    assert f"first blocked at launch {g['launch_queue_depth']:.0f}" in md
+    assert "### Launch queue" not in "\n".join(gpu_markdown(load_bench(BENCH)))

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tflms.planner.replay import LAUNCH_QUEUE_DEPTH
 from tflms.planner.report import table
 from tflms.planner.simulate import ASSUMED_MAP_US, ASSUMED_UNMAP_US
 
@@ -187,6 +188,23 @@ def gpu_markdown(measured: dict[str, Any]) -> list[str]:
         f"`--fixed-addresses` are {ASSUMED_MAP_US:.0f} and {ASSUMED_UNMAP_US:.0f} us, this "
         "card's map and unmap as its first run measured them (23.6 and 16.8 us).",
         "",
+    ]
+    if g.get("launch_us") is not None:
+        depth = g.get("launch_queue_depth", -1)
+        blocked = (
+            f"the host first blocked at launch {depth:.0f}"
+            if depth and depth > 0
+            else "the host never blocked"
+        )
+        lines += [
+            "### Launch queue",
+            "",
+            f"Kernels of 200 us launched back to back: {g['launch_us']:.1f} us of host time per "
+            f"launch while the queue filled, and {blocked}. The planner charges 5 us per op and "
+            f"lets the host run {LAUNCH_QUEUE_DEPTH} kernels ahead.",
+            "",
+        ]
+    lines += [
         "### Training workload: measured step time beside the planner's prediction",
         "",
         "core/tests/training_workload.h: 32 layers of 256 MiB activations and 32 MiB weights "

@@ -329,7 +329,8 @@ def swap_bound_s(plan: StepPlan, device_memory: int, link_gbps: float) -> float:
 # CUDA documents no figure; about 1000 was measured (a 190 us kernel launched 10,000 times:
 # the first ~1000 launches take 4-5 us each, later ones wait for a kernel to finish; NVIDIA
 # developer forum "CUDA stream are blocked when launch lots of kernels (>1000)", 2018, and
-# Stack Overflow question 53970187). Counted here per op, one launch each: an op that
+# Stack Overflow question 53970187; an H200 with CUDA 13.0 blocked at launch 1,043, in
+# bench/cuda_bench.cu). Counted here per op, one launch each: an op that
 # launches several kernels fills it sooner, so the real run-ahead is at most this.
 LAUNCH_QUEUE_DEPTH = 1000
 
