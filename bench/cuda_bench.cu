@@ -378,6 +378,13 @@ struct StepFigures {
   int64_t wrong = 0;
 };
 
+// Median of step_seconds[from, to); 0 when the run has fewer steps.
+double MedianOfSteps(const std::vector<double>& steps, size_t from,
+                     size_t to) {
+  if (steps.size() < to || from >= to) return 0;
+  return Median(std::vector<double>(steps.begin() + from, steps.begin() + to));
+}
+
 StepFigures Figures(const workload::Result& r) {
   StepFigures f;
   f.ok = r.status.ok() && r.errors == 0;
@@ -387,8 +394,7 @@ StepFigures Figures(const workload::Result& r) {
   }
   const size_t n = r.step_seconds.size();
   if (n < 3) return f;
-  f.step = Median(std::vector<double>(r.step_seconds.begin() + 2,
-                                      r.step_seconds.end()));
+  f.step = MedianOfSteps(r.step_seconds, 2, n);
   const EngineStats& a = r.step_stats[1];
   const EngineStats& b = r.step_stats[n - 1];
   const double steps = static_cast<double>(n - 2);
@@ -477,27 +483,6 @@ double Lb2(const workload::Shape& step_shape, size_t device, double d2h_bps,
   return bound;
 }
 
-// The planner's side: the same workload on the simulated device, kernels
-// taking what they took on the GPU, links at the measured rates.
-StepFigures Predict(const Mode& m, const workload::Shape& shape,
-                    size_t device, double d2h_bps, double h2d_bps,
-                    double fill_s_per_byte, const VmmCost& vmm) {
-  SimOptions so;
-  so.map_seconds_per_page = vmm.map_s;
-  so.unmap_seconds_per_page = vmm.unmap_s;
-  so.device_memory = WorkloadOptions(m, 2 * kMiB, device).memory_limit;
-  so.store_data = false;
-  // The sim has one rate for both directions; each direction of this
-  // workload carries the same bytes, so the slower one sets the pace.
-  so.link_bytes_per_second = std::min(d2h_bps, h2d_bps);
-  so.launch_queue_depth = 1000;
-  SimDevice sim(so);
-  Engine engine(&sim, WorkloadOptions(m, 2 * kMiB, device));
-  if (!engine.Init().ok()) return {};
-  workload::SimKernels kernels(&sim, fill_s_per_byte);
-  return Figures(workload::Run(&engine, &kernels, shape));
-}
-
 struct WorkloadContext {
   CudaDevice* device = nullptr;  // null: the planner's side only
   cudaStream_t stream = nullptr;
@@ -505,6 +490,44 @@ struct WorkloadContext {
   double per_byte = 1.0 / 1.5e12;  // a Fill or Check kernel, per byte
   VmmCost vmm;
 };
+
+// The workload measured on the GPU in mode `m` on `device` bytes; false
+// where the mode cannot run there (no CUDA VMM for fixed addresses) or the
+// engine refused the options.
+bool MeasureOnGpu(const WorkloadContext& ctx, const Mode& m,
+                  const workload::Shape& shape, size_t device,
+                  workload::Result* r) {
+  if (m.fixed && ctx.device->VmGranularity() == 0) return false;
+  const size_t page = std::max<size_t>(ctx.device->VmGranularity(), 2 * kMiB);
+  Engine engine(ctx.device, WorkloadOptions(m, page, device));
+  if (!engine.Init().ok()) return false;
+  workload::CudaKernels kernels(ctx.stream);
+  *r = workload::Run(&engine, &kernels, shape);
+  return true;
+}
+
+// The planner's side: the same workload on the simulated device, kernels
+// taking what they took on the GPU, links and page maps at the measured
+// rates.
+workload::Result ReplayInPlanner(const WorkloadContext& ctx, const Mode& m,
+                                 const workload::Shape& shape, size_t device) {
+  SimOptions so;
+  so.map_seconds_per_page = ctx.vmm.map_s;
+  so.unmap_seconds_per_page = ctx.vmm.unmap_s;
+  so.device_memory = WorkloadOptions(m, 2 * kMiB, device).memory_limit;
+  so.store_data = false;
+  // The sim has one rate for both directions; each direction of this
+  // workload carries the same bytes, so the slower one sets the pace.
+  so.link_bytes_per_second = std::min(ctx.d2h_bps, ctx.h2d_bps);
+  so.launch_queue_depth = 1000;
+  SimDevice sim(so);
+  Engine engine(&sim, WorkloadOptions(m, 2 * kMiB, device));
+  workload::Result r;
+  r.status = engine.Init();
+  if (!r.status.ok()) return r;
+  workload::SimKernels kernels(&sim, ctx.per_byte);
+  return workload::Run(&engine, &kernels, shape);
+}
 
 // A Fill or Check kernel's time per byte on this GPU (HBM-bound).
 double MeasureFillPerByte(cudaStream_t stream) {
@@ -544,16 +567,12 @@ void WorkloadRows(const WorkloadContext& ctx, const std::string& title,
   for (const Mode& m : modes) {
     StepFigures f;
     if (ctx.device != nullptr) {
-      if (m.fixed && ctx.device->VmGranularity() == 0) continue;
-      const size_t page =
-          std::max<size_t>(ctx.device->VmGranularity(), 2 * kMiB);
-      Engine engine(ctx.device, WorkloadOptions(m, page, device_bytes));
-      if (!engine.Init().ok()) continue;
-      workload::CudaKernels kernels(ctx.stream);
-      f = Figures(workload::Run(&engine, &kernels, shape));
+      workload::Result measured;
+      if (!MeasureOnGpu(ctx, m, shape, device_bytes, &measured)) continue;
+      f = Figures(measured);
     }
-    const StepFigures p = Predict(m, shape, device_bytes, ctx.d2h_bps,
-                                  ctx.h2d_bps, ctx.per_byte, ctx.vmm);
+    const StepFigures p =
+        Figures(ReplayInPlanner(ctx, m, shape, device_bytes));
     if (ctx.device == nullptr) f = p;
     if (!m.lms_pressure && !m.prefetch) free_step = f.step;
     // No schedule beats the step with room for everything, nor LB2.
@@ -607,37 +626,24 @@ void LongRun(const WorkloadContext& ctx) {
               "3-6 and 21-24 (GPU; planner)\n");
   for (const Mode& m : {kOnDemand, kPrefetch}) {
     workload::Result r;
-    if (ctx.device != nullptr) {
-      Engine engine(ctx.device, WorkloadOptions(m, 2 * kMiB, device));
-      if (!engine.Init().ok()) continue;
-      workload::CudaKernels kernels(ctx.stream);
-      r = workload::Run(&engine, &kernels, shape);
+    if (ctx.device != nullptr && !MeasureOnGpu(ctx, m, shape, device, &r)) {
+      continue;
     }
-    SimOptions so;
-    so.device_memory = device;
-    so.store_data = false;
-    so.link_bytes_per_second = std::min(ctx.d2h_bps, ctx.h2d_bps);
-    so.launch_queue_depth = 1000;
-    SimDevice sim(so);
-    Engine model(&sim, WorkloadOptions(m, 2 * kMiB, device));
-    if (!model.Init().ok()) continue;
-    workload::SimKernels sk(&sim, ctx.per_byte);
-    const workload::Result p = workload::Run(&model, &sk, shape);
-    auto med = [](const std::vector<double>& v, size_t a, size_t b) {
-      if (v.size() < b) return 0.0;
-      return Median(std::vector<double>(v.begin() + a, v.begin() + b));
-    };
+    const workload::Result p = ReplayInPlanner(ctx, m, shape, device);
+    const double early = MedianOfSteps(r.step_seconds, 2, 6);
+    const double late = MedianOfSteps(r.step_seconds, 20, 24);
+    const double planner_early = MedianOfSteps(p.step_seconds, 2, 6);
+    const double planner_late = MedianOfSteps(p.step_seconds, 20, 24);
     std::printf("%-12s steps 3-6 %.3f s, 21-24 %.3f s (%lld wrong words); "
                 "planner %.3f s, %.3f s\n",
-                m.name, med(r.step_seconds, 2, 6), med(r.step_seconds, 20, 24),
-                static_cast<long long>(r.errors), med(p.step_seconds, 2, 6),
-                med(p.step_seconds, 20, 24));
+                m.name, early, late, static_cast<long long>(r.errors),
+                planner_early, planner_late);
     const std::string key = std::string("long3x_") +
                             (m.prefetch ? "prefetch" : "ondemand");
-    Put(key + "_early_s", med(r.step_seconds, 2, 6));
-    Put(key + "_late_s", med(r.step_seconds, 20, 24));
-    Put(key + "_planner_early_s", med(p.step_seconds, 2, 6));
-    Put(key + "_planner_late_s", med(p.step_seconds, 20, 24));
+    Put(key + "_early_s", early);
+    Put(key + "_late_s", late);
+    Put(key + "_planner_early_s", planner_early);
+    Put(key + "_planner_late_s", planner_late);
     Put(key + "_wrong", static_cast<double>(r.errors));
   }
 }
@@ -733,15 +739,31 @@ int main(int argc, char** argv) {
   bool predict_only = false;
   std::string sections = "1234567";
   double d2h = 0, h2d = 0;
-  int i_map = 0;
+  VmmCost vmm;
+  // A number, not the next option: the map costs are optional.
+  auto number = [&](int i, double* v) {
+    if (i >= argc || argv[i][0] == '-') return false;
+    char* end = nullptr;
+    *v = std::strtod(argv[i], &end);
+    return end != argv[i] && *end == '\0';
+  };
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--predict-only") == 0 && i + 2 < argc) {
+    if (std::strcmp(argv[i], "--predict-only") == 0) {
       predict_only = true;
-      d2h = std::atof(argv[i + 1]) * 1e9;
-      h2d = std::atof(argv[i + 2]) * 1e9;
+      if (!number(i + 1, &d2h) || !number(i + 2, &h2d) || d2h <= 0 ||
+          h2d <= 0) {
+        std::fprintf(stderr,
+                     "--predict-only needs the device-to-host and "
+                     "host-to-device rates in GB/s, both above 0, e.g. "
+                     "--predict-only 55.2 55.3 [MAP_US UNMAP_US]\n");
+        return 2;
+      }
+      d2h *= 1e9;
+      h2d *= 1e9;
       i += 2;
-      if (i + 2 < argc) {
-        i_map = i + 1;
+      double map_us = 0, unmap_us = 0;
+      if (number(i + 1, &map_us) && number(i + 2, &unmap_us)) {
+        vmm = {map_us * 1e-6, unmap_us * 1e-6};
         i += 2;
       }
     } else if (std::strcmp(argv[i], "--sections") == 0 && i + 1 < argc) {
@@ -754,10 +776,7 @@ int main(int argc, char** argv) {
     WorkloadContext ctx;
     ctx.d2h_bps = d2h;
     ctx.h2d_bps = h2d;
-    if (i_map > 0) {
-      ctx.vmm = {std::atof(argv[i_map]) * 1e-6,
-                 std::atof(argv[i_map + 1]) * 1e-6};
-    }
+    ctx.vmm = vmm;
     if (Has(sections, '5')) WorkloadTable(ctx);
     if (Has(sections, '6')) SweepTable(ctx);
     return 0;
