@@ -441,8 +441,9 @@ def test_results_refuses_to_overwrite_a_file_it_did_not_write(
 # ------------------------------------------------------------------ a real Keras trace
 
 
-@pytest.fixture(scope="module")
-def mobilenet_trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
+def _fresh_trace(
+    tmp_path_factory: pytest.TempPathFactory, model: str, batch: int, input_size: int | None
+) -> Trace:
     import os
 
     from tflms.trace.cache import cached_trace
@@ -450,12 +451,36 @@ def mobilenet_trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
     old = os.environ.get("TFLMS_CACHE_DIR")
     os.environ["TFLMS_CACHE_DIR"] = str(tmp_path_factory.mktemp("traces"))
     try:
-        return cached_trace("MobileNetV2", 8, input_size=32, progress=False)
+        return cached_trace(model, batch, input_size=input_size, progress=False)
     finally:
         if old is None:
             del os.environ["TFLMS_CACHE_DIR"]
         else:
             os.environ["TFLMS_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def mobilenet_trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
+    return _fresh_trace(tmp_path_factory, "MobileNetV2", 8, 32)
+
+
+@pytest.mark.tf
+def test_prefetch_runs_inception_where_paging_on_demand_does(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # At batch 896 on the AC922 an AddN adds two 4.96 GB gradients of the 16 GiB device. With
+    # prefetch one of them was pinned 20 MB above a 4.87 GB hole, the 20 MB being activations
+    # whose early page-outs were still in flight, and the AddN's output found no room although
+    # paging in on demand runs the step (placement.cc, RelocateStrandedLocked).
+    trace = _fresh_trace(tmp_path_factory, "InceptionV3", 8, None).rescaled(896)
+    m = Machine.from_pairing(get_pairing("ac922-v100"))
+    plan = build_plan(trace, m.gpu)
+    on_demand = replay(plan, m.gpu, m.config(prefetch=False))
+    prefetch = replay(plan, m.gpu, m.config(prefetch=True))
+    assert on_demand.fits, on_demand.oom_message
+    assert prefetch.fits, f"{prefetch.oom_op}: {prefetch.oom_message}"
+    assert prefetch.step_stats["prefetch_hits"] > 0
+    assert prefetch.step_time_s < on_demand.step_time_s
 
 
 @pytest.mark.tf

@@ -416,6 +416,9 @@ class Engine::Impl {
   // The largest allocation the planned step makes before the pin at
   // position `to` and at or after `from`; 0 without a plan.
   size_t LargestAllocationBetween(size_t from, size_t to) const;
+  // The largest allocation the planned step makes within the next `pins`
+  // pins; 0 while no plan is followed.
+  size_t LargestAllocationDueLocked(size_t pins) const;
   // `b` stops being a prefetch not yet pinned (pinned, evicted or freed):
   // a look-ahead prefetch's bytes leave the byte budget's count.
   void EndPrefetchLocked(Buffer* b);

@@ -14,6 +14,12 @@
 // active chunk or a region edge, paging out the inactive buffers in the way.
 // Pinned buffers then pack together and leave the largest gap whole.
 //
+// Before its pin, a resident buffer of a quarter of the device or more that
+// sits stranded in the middle of such a gap moves to one of its ends
+// (RelocateStrandedLocked). Early page-outs still in flight count as walls,
+// except when the learned step is about to make an allocation that large:
+// then they are settled and count as free.
+//
 // Invariants: only chooses under mu_; the page-out itself is PageOut's
 // (residency.cc), which frees a chunk only after its host copy completed.
 // With LMS off nothing here runs, so TensorFlow's BFC placement is kept.
@@ -26,6 +32,9 @@ namespace {
 
 // Requests of at least memory_limit / kClusterDivisor bytes are "large".
 constexpr size_t kClusterDivisor = 64;
+// How many pins ahead of a pin an allocation counts as due (the rest of the
+// pinning kernel's inputs, then its outputs).
+constexpr size_t kDuePins = 8;
 
 }  // namespace
 
@@ -109,9 +118,27 @@ BfcArena::ChunkHandle Engine::Impl::TakeClusterRange(const ClusterPlan& plan,
 
 bool Engine::Impl::RelocateStrandedLocked(std::unique_lock<std::mutex>& lock,
                                           Buffer* b) {
+  // An early page-out in flight leaves too, its chunk free once the copy is
+  // settled, when the learned step is about to allocate a quarter of the
+  // device or more. Counting it as a wall hid the stranding of InceptionV3's
+  // AddN input at batch 896 (a few 0.5 MB activations on their way out
+  // between it and a 4.87 GB hole), and the AddN's 4.96 GB output then found
+  // no room. Settling them costs the host a wait for their copies, which
+  // is worth it only then: done for every stranded buffer, it made UNet3D
+  // 272^3 on the DGX-1 step 24% slower.
+  // Cleared once they are settled: one started later (the lock is released
+  // below) is a wall again, since PageOut takes resident victims only.
+  bool count_in_flight =
+      WorthPagingOutToPlace(LargestAllocationDueLocked(kDuePins));
+  bool leaving_in_flight = false;
   auto may_leave = [&](const BfcArena::Chunk& c) {
-    return !c.in_use() || c.owner == b ||
-           Reclaimable(static_cast<const Buffer*>(c.owner));
+    if (!c.in_use() || c.owner == b) return true;
+    const Buffer* o = static_cast<const Buffer*>(c.owner);
+    if (count_in_flight && o != nullptr && o->early_out) {
+      leaving_in_flight = true;
+      return true;
+    }
+    return Reclaimable(o);
   };
   auto plan_move = [&](const char** dest) {
     const BfcArena::Chunk* own = arena_->chunk(b->chunk);
@@ -149,6 +176,12 @@ bool Engine::Impl::RelocateStrandedLocked(std::unique_lock<std::mutex>& lock,
   if (!WorthPagingOutToPlace(arena_->chunk(b->chunk)->size)) return false;
   const char* dest = nullptr;
   if (!plan_move(&dest)) return false;
+  if (leaving_in_flight) {
+    // The destination counts on chunks whose copies out may still run.
+    SettleEarlyPageOutsLocked(lock, early_outs_.size());
+    count_in_flight = false;
+    if (b->state != BufferState::kResident || b->pin_count > 0) return false;
+  }
   // Movable() needs the buffer's last use proven complete.
   if (!SyncLastUses(lock).ok()) return false;
   if (b->state != BufferState::kResident || b->pin_count > 0 ||

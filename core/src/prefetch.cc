@@ -532,6 +532,13 @@ size_t Engine::Impl::LargestAllocationBetween(size_t from, size_t to) const {
   return largest;
 }
 
+size_t Engine::Impl::LargestAllocationDueLocked(size_t pins) const {
+  if (!options_.prefetch_enabled || !FollowingPlan()) return 0;
+  const size_t cursor =
+      InCandidateStep() ? prefetch_.candidate_cursor : prefetch_.cursor;
+  return LargestAllocationBetween(cursor, cursor + pins);
+}
+
 void Engine::Impl::ForgetBufferForPrefetch(Buffer* b) {
   PrefetchState& p = prefetch_;
   if (options_.prefetch_enabled) NoteStepEventLocked(StepEvent::kFree, b);
