@@ -279,6 +279,7 @@ BfcArena::ChunkHandle BfcArena::TryToCoalesce(ChunkHandle h) {
 }
 
 bool BfcArena::ShouldSplit(size_t chunk_size, size_t rounded) const {
+  if (options_.split_always) return chunk_size > rounded;
   return chunk_size >= rounded * 2 ||
          chunk_size - rounded >= MaxInternalFragmentation();
 }

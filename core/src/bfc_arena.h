@@ -71,6 +71,11 @@ class BfcArena {
     size_t memory_limit = 0;
     bool allow_growth = true;
     double fragmentation_fraction = 0.0;
+    // Split every chunk larger than its request instead of following
+    // TensorFlow's rule (see ShouldSplit). For pools whose placement no
+    // device stream cares about, where a chunk's unused tail is only lost
+    // capacity.
+    bool split_always = false;
   };
 
   // `sub` is not owned and must outlive the arena.

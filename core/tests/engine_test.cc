@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "forwarding_device.h"
+#include "host_pool.h"
 #include "sim_device.h"
 #include "tflms/engine.h"
 #include "sim_kernels.h"
@@ -508,6 +509,39 @@ TEST(HostPoolFullFailsCleanly) {
   for (size_t i = 0; i < bufs.size(); ++i) EXPECT(Holds(f.engine_.get(), bufs[i], data[i]));
   for (Buffer* b : bufs) EXPECT_OK(f.engine_->FreeBuffer(b));
   EXPECT(f.engine_->GetStats().host_bytes_in_use == 0);
+}
+
+TEST(HostPoolSplitsAFreedChunkForASmallerRequest) {
+  // TensorFlow's split rule gives a request a whole free chunk when the
+  // chunk is under twice the request and the rest under 128 MB: here the
+  // 600 KiB request would take the whole 1 MiB region, and a 400 KiB one
+  // the freed 600 KiB chunk. In the host pool such a rest is only lost
+  // capacity: the 424 KiB and 200 KiB page-outs would find the pool full.
+  SimOptions so;
+  so.device_memory = 1 * kMiB;
+  SimDevice device(so);
+  HostPool pool(&device, 1 * kMiB);
+  Status s;
+  void* a = pool.Allocate(600 * 1024, &s);
+  void* b = pool.Allocate(424 * 1024, &s);
+  EXPECT(a != nullptr && b != nullptr);
+  EXPECT(pool.bytes_in_use() == 1 * kMiB);
+  pool.Free(a);
+  void* y = pool.Allocate(400 * 1024, &s);
+  EXPECT(y == a);
+  EXPECT(pool.bytes_in_use() == 824 * 1024);
+  void* z = pool.Allocate(200 * 1024, &s);
+  EXPECT(z != nullptr);
+  EXPECT_OK(s);
+  EXPECT(pool.bytes_in_use() == 1 * kMiB);
+  // Full now: a further request fails cleanly and changes nothing.
+  EXPECT(pool.Allocate(256, &s) == nullptr);
+  EXPECT(s.code() == Code::kResourceExhausted);
+  EXPECT(pool.bytes_in_use() == 1 * kMiB);
+  pool.Free(y);
+  pool.Free(z);
+  pool.Free(b);
+  EXPECT(pool.bytes_in_use() == 0);
 }
 
 TEST(FailedPageOutLeavesBufferResidentAndIntact) {
