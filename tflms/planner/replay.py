@@ -402,6 +402,7 @@ class ReplayResult:
     fits: bool
     oom_message: str = ""
     oom_op: str = ""
+    steps: int = 0  # steps replayed (the last measured; an OOM may end them sooner)
     step_time_s: float = 0.0  # host time of the measured step, streams drained
     compute_time_s: float = 0.0  # sum of modelled kernel times
     compute_stall_s: float = 0.0  # compute stream waiting for page-ins
@@ -428,6 +429,7 @@ class ReplayResult:
             "config": dataclasses.asdict(self.config),
             "fits": self.fits,
             "patch_default": self.config.patch_default,
+            "steps": self.steps,
         }
         if not self.fits:
             out["oom_message"] = self.oom_message
@@ -497,6 +499,15 @@ def make_engine(config: EngineConfig, gpu: GpuModel) -> Any:
     )
 
 
+# Prefetch changes from step to step: it learns the order in one step and follows, in
+# the next, a plan made from the one before, so a step that fits can be followed by one
+# that does not. Two steps hid that: UNet3D at its largest size ran out of memory with
+# prefetch in step 3 on the A100-40 and the GH200, in step 8 on the A100-80 and the
+# H100, while paging on demand runs the same time in every step. A replay with prefetch
+# runs at least this many steps and measures the last.
+PREFETCH_MIN_STEPS = 10
+
+
 def replay(
     plan: StepPlan,
     gpu: GpuModel,
@@ -507,6 +518,8 @@ def replay(
 ) -> ReplayResult:
     """Runs `steps` training steps; measures the last. An out-of-memory error ends the replay.
 
+    With prefetch, at least PREFETCH_MIN_STEPS steps.
+
     `record` samples engine state after every op of the measured step;
     `on_op` is called after every op (progress bars).
     """
@@ -514,6 +527,8 @@ def replay(
 
     if steps < 1:
         raise ValueError("steps must be at least 1")
+    if config.prefetch and config.lms:
+        steps = max(steps, PREFETCH_MIN_STEPS)
     # A replay that hangs inside the engine (a lost wake-up) cannot be interrupted from
     # Python: after the watchdog's time the process prints where it stood and exits.
     armed = _arm_watchdog(replay_timeout_s())
@@ -552,7 +567,7 @@ def _replay(
     eng = make_engine(config, gpu)
     launch_s = gpu.launch_overhead_us * 1e-6
     bufs: dict[int, Any] = {}
-    result = ReplayResult(config=config, fits=True)
+    result = ReplayResult(config=config, fits=True, steps=steps)
     op_name = "(persistent tensors)"
     try:
         for tid, nbytes in plan.persistent:
