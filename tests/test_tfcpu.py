@@ -328,6 +328,23 @@ def test_keras_fit_learns_its_steps_and_prefetch_hits() -> None:
     assert 0 <= stats["bytes_prefetched_in_flight"] <= prefetched, stats
 
 
+def test_prefetch_guard_inside_tensorflow_times_both_modes_and_keeps_values() -> None:
+    # The engine's experimental prefetch guard: once Keras fit's steps
+    # are learned it runs three steps with prefetch and three without, timed on the
+    # host's clock, and keeps the faster. Which wins here depends on the machine's load;
+    # that it tried both, and that values stay bit-identical either way, does not.
+    guarded = run_case("keras_fit", "guarded")
+    assert program_output(guarded) == stock_output("keras_fit")
+    stats = guarded["stats"]
+    assert stats["num_prefetch_steps"] >= 16, stats
+    # The trial's steps without prefetch, at least; all but seven if it lost.
+    assert 3 <= stats["num_prefetch_paused_steps"] <= stats["num_prefetch_steps"] - 7, stats
+    assert stats["prefetch_hits"] > 0, stats
+    assert stats["num_ooms"] == 0
+    # Prefetch itself never pauses.
+    assert run_case("rnn", "prefetch")["stats"]["num_prefetch_paused_steps"] == 0
+
+
 def test_prefetch_hits_over_a_slow_link_are_counted_in_flight() -> None:
     # A prefetch hit whose copy is still in flight when its kernel is launched holds
     # the kernel up here, where kernels run as they are launched. Over a 50 MB/s link

@@ -60,7 +60,10 @@ def _setup(case: str, mode: str) -> Any:
             device_memory=memory,
             host_memory="1GiB",
             defrag=mode == "defrag",
-            prefetch=mode == "prefetch",
+            prefetch=mode in ("prefetch", "guarded"),
+            # "prefetch" tests prefetch itself in every step; "guarded" lets the
+            # engine's guard time steps with and without it and keep the faster.
+            prefetch_guard=mode == "guarded",
             verify_moves=mode == "defrag",
             lms=mode != "nolms",
             fixed_addresses=mode == "fixed",

@@ -37,6 +37,10 @@ class Engine:
     GPU: a kernel or device copy enqueued while that many compute-stream operations
     are unfinished blocks the host until the oldest finishes, as CUDA's launch queue
     does. 0 (the default) leaves the host unbounded.
+
+    ``prefetch_guard`` (with ``prefetch``; experimental, off by default): once a step is
+    learned, steps are timed on the modelled host clock with and without prefetch, and
+    the faster is kept, the other tried again every 50 steps.
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class Engine:
         unmap_us_per_page: float = 0.0,
         launch_queue_depth: int = 0,
         verify_pins: bool = False,
+        prefetch_guard: bool = False,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -112,6 +117,7 @@ class Engine:
             unmap_us_per_page=unmap_us_per_page,
             launch_queue_depth=launch_queue_depth,
             verify_pins=verify_pins,
+            prefetch_guard=prefetch_guard,
         )
         self.device_memory = device_memory
         self.host_memory = host_memory

@@ -318,7 +318,8 @@ class Engine::Impl {
   // Ends the step being recorded at recording[index]: what was pinned from
   // there on, and the buffers allocated from ordinal `ordinal_base` on,
   // belong to the new step.
-  void SplitStepLocked(size_t index, int64_t ordinal_base);
+  // `at`: when the new step began (Device::NowSeconds), for the guard.
+  void SplitStepLocked(size_t index, int64_t ordinal_base, double at);
   void NoteStepId(int64_t step_id);
   // Makes library[index] the order this step follows.
   void FollowRecording(size_t index);
@@ -430,6 +431,13 @@ class Engine::Impl {
   // the last pins, 16 or more, were found in it) to let it choose victims
   // and prefetch; otherwise the engine falls back to LRU and on-demand.
   bool FollowingLearnedOrder() const;
+
+  // ---- prefetch_guard.cc ----
+  // A step recorded by the prefetcher ended and the next began at `at`:
+  // times the step that ended and moves the guard on.
+  void GuardStepEndedLocked(double at);
+  // Whether the guard runs this step without prefetch.
+  bool PrefetchPausedLocked() const { return prefetch_.guard.paused; }
   // Whether the kernel pinning now runs under a step id that may begin the
   // next step; its pins are then matched as that step's (prefetch.cc).
   bool InCandidateStep() const;
@@ -676,6 +684,7 @@ class Engine::Impl {
     size_t candidate_pins = 0;
     size_t candidate_index = 0;
     int64_t candidate_ordinal = 0;
+    double candidate_time = 0;  // when its first pin came (NowSeconds)
     size_t candidate_cursor = 0;  // its position in `learned`
     // Pins of other ids since the step's own id last pinned (an
     // interruption): where they began in `recording` and `events`, and how
@@ -739,6 +748,17 @@ class Engine::Impl {
     // in order (LargestAllocationBetween).
     std::vector<std::pair<size_t, size_t>> plan_allocs;
     size_t early_out_bytes = 0;  // host bytes of early page-outs in flight
+    // The prefetch guard (prefetch_guard.cc).
+    struct Guard {
+      enum class Phase { kWaiting, kTrialOn, kTrialOff, kHolding, kProbing };
+      Phase phase = Phase::kWaiting;
+      bool paused = false;       // this step runs without prefetch
+      int steps = 0;             // steps ended in this phase
+      bool has_start = false;
+      double step_start = 0;     // when the running step began
+      double measured = 0;       // seconds of this phase's measured steps
+      double reference = 0;      // the mode to beat: its measured seconds
+    } guard;
   } prefetch_;
 };
 

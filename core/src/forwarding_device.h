@@ -36,6 +36,7 @@ class ForwardingDevice : public Device {
   void FreeHostMemory(void* ptr, size_t bytes) override {
     target_->FreeHostMemory(ptr, bytes);
   }
+  double NowSeconds() override { return target_->NowSeconds(); }
   Stream* GetStream(StreamKind kind) override {
     return target_->GetStream(kind);
   }

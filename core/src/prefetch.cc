@@ -219,6 +219,7 @@ void Engine::Impl::NoteStepId(int64_t step_id) {
     p.candidate_pins = 0;
     p.candidate_index = p.recording.size();
     p.candidate_ordinal = p.next_ordinal;
+    p.candidate_time = device_->NowSeconds();
     p.candidate_cursor = 0;
   }
 }
@@ -293,10 +294,12 @@ void Engine::Impl::FollowRecording(size_t index) {
 void Engine::Impl::StepBeginLocked() {
   DropCandidateLocked();  // nothing moves over: the step begins here
   KeepInterruptionLocked();
-  SplitStepLocked(prefetch_.recording.size(), prefetch_.next_ordinal);
+  SplitStepLocked(prefetch_.recording.size(), prefetch_.next_ordinal,
+                  device_->NowSeconds());
 }
 
-void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
+void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base,
+                                   double at) {
   PrefetchState& p = prefetch_;
   // A buffer that outlives the step it was made in keeps the key it had
   // there (size and rank, as an earlier step's) for as long as it lives,
@@ -402,6 +405,7 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
     // Until this step's first pins say otherwise, it follows the last one.
     FollowRecording(p.library.size() - 1);
     p.choosing = p.library.size() > 1;
+    GuardStepEndedLocked(at);
   }
   p.victims_now = std::move(victims_tail);
   p.recording = std::move(tail);
@@ -415,7 +419,12 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base) {
 
 bool Engine::Impl::FollowingLearnedOrder() const {
   const PrefetchState& p = prefetch_;
-  if (!options_.prefetch_enabled || p.learned.empty()) return false;
+  // While the guard pauses prefetch, the engine acts as without it (no
+  // prefetch, no planned copies, least-recently-used victims) and only
+  // keeps learning.
+  if (!options_.prefetch_enabled || p.learned.empty() || p.guard.paused) {
+    return false;
+  }
   if (p.found_history < kTrustPins) return false;
   const int found = __builtin_popcountll(p.found_bits);
   return 2 * found >= p.found_history;
@@ -506,6 +515,9 @@ void Engine::Impl::NotePrefetchWastedLocked(Buffer* b) {
 }
 
 void Engine::Impl::NotePrefetchMissLocked(Buffer* b) {
+  // Paused, every pin of a reclaimed buffer misses: none says a distance
+  // was too short.
+  if (prefetch_.guard.paused) return;
   // A shortened distance is only ever lengthened here. Kept for good, each
   // step's one wasted prefetch shortened one more key, and the look-ahead,
   // which skips a key not yet within its distance and spends the budget on
@@ -616,7 +628,7 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
     // first appeared.
     p.dominant_id = p.candidate_id;
     KeepInterruptionLocked();
-    SplitStepLocked(p.candidate_index, p.candidate_ordinal);
+    SplitStepLocked(p.candidate_index, p.candidate_ordinal, p.candidate_time);
     // The candidate's pins were matched against the order the step before
     // followed. The step they begin follows the recording that starts with
     // its first pin, from where its pins so far lead: a Keras training step

@@ -631,6 +631,11 @@ void SimDevice::SynchronizeAll() {
   }
 }
 
+double SimDevice::NowSeconds() {
+  std::lock_guard<std::mutex> lock(clock_mu_);
+  return clock_.host_time;
+}
+
 SimTimeline SimDevice::GetTimeline() const {
   std::lock_guard<std::mutex> lock(clock_mu_);
   return clock_;

@@ -160,6 +160,8 @@ class SimDevice : public Device {
   // modelled compute clock advances by `seconds` as Compute does.
   void Launch(std::function<void()> body, double seconds);
   void HostAdvance(double seconds);
+  // The modelled host clock (SimTimeline::host_time).
+  double NowSeconds() override;
   // Host waits for every stream (real and modelled).
   void SynchronizeAll();
   SimTimeline GetTimeline() const;

@@ -53,6 +53,7 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"num_prefetch_steps", num_prefetch_steps},
       {"prefetch_pins", prefetch_pins},
       {"prefetch_pins_in_order", prefetch_pins_in_order},
+      {"num_prefetch_paused_steps", num_prefetch_paused_steps},
       {"num_early_page_outs", num_early_page_outs},
       {"num_early_page_outs_cancelled", num_early_page_outs_cancelled},
       {"page_in_stall_ns", page_in_stall_ns},

@@ -2150,6 +2150,84 @@ TEST(PrefetchKeepsItsStepTimeOverManySteps) {
   }
 }
 
+// The prefetch guard (prefetch_guard.cc) on the same workload, planner mode,
+// 24 steps: where prefetch wins (3x) it is kept after its trial; where it
+// loses (6x: the weights pile up on the device under the learned victim
+// choice, and fragment reclaims follow, as measured on an H200) the guard
+// pauses it. Either way the steps after the trials run at the faster mode's
+// pace.
+TEST(PrefetchGuardKeepsTheFasterModeOfEachWorkload) {
+  const workload::Shape shape(32, 256 * kMiB, 32 * kMiB, 24, 2e-3, 4e-3);
+  const size_t peak = shape.PeakBytes();
+  for (int x : {3, 6}) {
+    const size_t device = peak / x / (64 * kMiB) * (64 * kMiB);
+    workload::Result runs[3];  // on demand, prefetch, guarded prefetch
+    for (int mode = 0; mode < 3; ++mode) {
+      SimOptions so;
+      so.device_memory = device;
+      so.store_data = false;
+      so.link_bytes_per_second = 55e9;
+      so.launch_queue_depth = 1000;
+      SimDevice sim(so);
+      EngineOptions eo;
+      eo.memory_limit = device;
+      eo.prefetch_enabled = mode > 0;
+      eo.prefetch_guard = mode == 2;
+      Engine engine(&sim, eo);
+      EXPECT_OK(engine.Init());
+      workload::SimKernels kernels(&sim, 1 / 3e12);
+      runs[mode] = workload::Run(&engine, &kernels, shape);
+      EXPECT_OK(runs[mode].status);
+      if (runs[mode].step_seconds.size() != 24) return;
+    }
+    // Steps 9-24: after the trials (steps 2-4 with prefetch, 5-7 without).
+    auto late = [](const workload::Result& r) {
+      std::vector<double> v(r.step_seconds.begin() + 8, r.step_seconds.end());
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double on_demand = late(runs[0]), prefetch = late(runs[1]),
+                 guarded = late(runs[2]);
+    const bool prefetch_wins = prefetch < on_demand;
+    std::printf("  %dx: on demand %.3f s, prefetch %.3f s, guarded %.3f s, "
+                "%lld steps paused\n",
+                x, on_demand, prefetch, guarded,
+                static_cast<long long>(runs[2].stats.num_prefetch_paused_steps));
+    EXPECT(prefetch_wins == (x == 3));  // the premise of the two cases
+    EXPECT(guarded <= std::min(on_demand, prefetch) * 1.01);
+    // The trial's three steps, and at 6x every step after it too (steps 5-23:
+    // a step is counted when the next begins).
+    EXPECT(runs[2].stats.num_prefetch_paused_steps == (x == 3 ? 3 : 19));
+    EXPECT(runs[1].stats.num_prefetch_paused_steps == 0);
+  }
+  // Every 50 steps the guard tries the other mode again for three steps and
+  // goes back when it is not faster: at 6x over 64 steps, paused in 5-57,
+  // prefetch tried in 58-60, paused again from 61 (64 not ended).
+  const workload::Shape longer(32, 256 * kMiB, 32 * kMiB, 64, 2e-3, 4e-3);
+  SimOptions so;
+  so.device_memory = peak / 6 / (64 * kMiB) * (64 * kMiB);
+  so.store_data = false;
+  so.link_bytes_per_second = 55e9;
+  so.launch_queue_depth = 1000;
+  SimDevice sim(so);
+  EngineOptions eo;
+  eo.memory_limit = so.device_memory;
+  eo.prefetch_enabled = true;
+  eo.prefetch_guard = true;
+  Engine engine(&sim, eo);
+  EXPECT_OK(engine.Init());
+  workload::SimKernels kernels(&sim, 1 / 3e12);
+  const workload::Result r = workload::Run(&engine, &kernels, longer);
+  EXPECT_OK(r.status);
+  EXPECT(r.stats.num_prefetch_paused_steps == 53 + 3);
+  if (r.step_seconds.size() == 64) {
+    const double paused = r.step_seconds[50], probed = r.step_seconds[59];
+    const double again = r.step_seconds[62];
+    std::printf("  6x, 64 steps: step 51 %.3f s, 60 (prefetch tried) %.3f s, "
+                "63 %.3f s\n", paused, probed, again);
+    EXPECT(probed > paused * 1.02 && again <= paused * 1.01);
+  }
+}
 
 TEST(UseBeforeOrAfterAFailedInitIsRefusedNotACrash) {
   SimOptions so;

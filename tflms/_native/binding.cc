@@ -130,7 +130,8 @@ class PyEngine {
            double link_gbps, double link_latency_us, double device_gbps,
            bool verify_moves, bool fixed_addresses, int64_t page_size,
            int64_t virtual_address_bytes, double map_us_per_page,
-           double unmap_us_per_page, int launch_queue_depth, bool verify_pins) {
+           double unmap_us_per_page, int launch_queue_depth, bool verify_pins,
+           bool prefetch_guard) {
     if (device_memory <= 0) {
       throw py::value_error("device_memory must be a positive byte count");
     }
@@ -175,6 +176,7 @@ class PyEngine {
     opt.prefetch_enabled = prefetch;
     opt.prefetch_budget_bytes = static_cast<size_t>(prefetch_budget);
     opt.prefetch_lookahead = prefetch_lookahead;
+    opt.prefetch_guard = prefetch_guard;
     opt.fixed_addresses = fixed_addresses;
     opt.page_size = static_cast<size_t>(page_size);
     opt.virtual_address_bytes = static_cast<size_t>(virtual_address_bytes);
@@ -350,7 +352,7 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<int64_t, int64_t, bool, bool, bool, int64_t, int, bool,
                     int64_t, bool, double, double, double, bool, bool, int64_t,
-                    int64_t, double, double, int, bool>(),
+                    int64_t, double, double, int, bool, bool>(),
            py::arg("device_memory"), py::arg("host_memory"), py::arg("lms"),
            py::arg("defrag"), py::arg("prefetch"), py::arg("prefetch_budget"),
            py::arg("prefetch_lookahead"), py::arg("allow_growth"),
@@ -362,7 +364,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("map_us_per_page") = 0.0,
            py::arg("unmap_us_per_page") = 0.0,
            py::arg("launch_queue_depth") = 0,
-           py::arg("verify_pins") = false)
+           py::arg("verify_pins") = false, py::arg("prefetch_guard") = false)
       .def("allocate", &PyEngine::Allocate, py::arg("nbytes"),
            py::arg("pinned") = false)
       .def("free", &PyEngine::Free)

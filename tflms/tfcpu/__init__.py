@@ -79,6 +79,7 @@ def enable(
     fixed_addresses: bool = False,
     page_size: int | str = "4KiB",
     verify_pins: bool = False,
+    prefetch_guard: bool = False,
 ) -> None:
     """Makes CPU:0 an LMS device with `device_memory` bytes of modelled device memory.
 
@@ -93,6 +94,8 @@ def enable(
     bytes are the ones its last unpin left (a stale page-in or a write no pin covered
     fails the kernel with an error naming the buffer); it reads each tensor twice per
     use, so it is for tests and for hunting such bugs.
+    With prefetch, prefetch_guard (the engine's experimental guard, off by default)
+    times steps with and without prefetch once a step is learned and keeps the faster.
 
     Call it before TensorFlow creates its devices (before the first op). Imports
     TensorFlow. Raises TfcpuError if it is too late or already enabled, and BuildError
@@ -121,6 +124,7 @@ def enable(
         int(lms),
         int(defrag),
         int(prefetch),
+        int(prefetch_guard),
         int(verify_moves),
         int(verify_pins),
         page_bytes,
@@ -140,6 +144,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tflms_tfcpu_enable.argtypes = [
         ctypes.c_int64,
         ctypes.c_int64,
+        ctypes.c_int,
         ctypes.c_int,
         ctypes.c_int,
         ctypes.c_int,

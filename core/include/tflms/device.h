@@ -46,6 +46,7 @@
 #ifndef TFLMS_CORE_DEVICE_H_
 #define TFLMS_CORE_DEVICE_H_
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -111,6 +112,16 @@ class Device {
                                 size_t bytes) = 0;
   virtual Status WriteDeviceSync(void* device_dst, const void* host_src,
                                  size_t bytes) = 0;
+
+  // The host's clock in seconds, for timing training steps (the prefetch
+  // guard, prefetch_guard.cc): a steady clock. The simulated device answers
+  // with its modelled host time, so that the planner's replays time steps
+  // as the host of the GPU they model would.
+  virtual double NowSeconds() {
+    return std::chrono::duration<double>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
 
   // ---- Virtual memory (optional) ----
   // Smallest page size the backend can map (0: no virtual memory support).

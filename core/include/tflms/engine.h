@@ -86,6 +86,13 @@ struct EngineOptions {
   bool prefetch_enabled = false;
   size_t prefetch_budget_bytes = 0;  // 0 = memory_limit / 8
   int prefetch_lookahead = 256;      // pins looked ahead
+  // Keep prefetch only while it is faster: once a step is learned, time
+  // steps with and without it and keep the faster, trying the other again
+  // now and then (prefetch_guard.cc). Off (the default): prefetch runs in
+  // every step. Experimental: a switch between the modes can leave a layout
+  // that neither mode makes, and at the memory edge that can run out of
+  // memory (prefetch_guard.cc says where).
+  bool prefetch_guard = false;
 
   // Fixed-address mode (see above). Off: everything behaves as without it.
   bool fixed_addresses = false;

@@ -85,6 +85,9 @@ struct EngineStats {
   int64_t num_prefetch_steps = 0;
   int64_t prefetch_pins = 0;
   int64_t prefetch_pins_in_order = 0;
+  // Steps the prefetch guard ran without prefetch: its trials of paging on
+  // demand, and the steps after a trial found that faster.
+  int64_t num_prefetch_paused_steps = 0;
   // Page-outs started ahead of pressure (at a buffer's last use before the
   // learned step needs its room), and those taken back because the buffer
   // was pinned or freed before the copy was settled.

@@ -38,6 +38,9 @@ class HostComputeDevice : public tflms::ForwardingDevice {
   int64_t kernel_wait_ns() const { return kernel_wait_ns_.load(); }
 
   const char* Name() const override { return "tfcpu-sim"; }
+  // Kernels run here on the host in real time, which the simulated
+  // device's modelled clock does not see: steps are timed on the real one.
+  double NowSeconds() override { return tflms::Device::NowSeconds(); }
   tflms::Status WaitEvent(tflms::Stream* stream,
                           const tflms::EventRef& event) override {
     if (stream == sim_->GetStream(tflms::StreamKind::kCompute)) {

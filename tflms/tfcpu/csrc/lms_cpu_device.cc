@@ -161,9 +161,11 @@ extern "C" {
 // baseline tests compare allocation counts against).
 // fixed_page_size > 0 selects the engine's fixed-address mode with pages of
 // that many bytes (the add-on's mode: addresses never change, evicted pages
-// are unmapped, so a read no pin covers faults).
+// are unmapped, so a read no pin covers faults). prefetch_guard: the
+// engine's guard (EngineOptions::prefetch_guard), timing steps in real time.
 int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
-                       int defrag, int prefetch, int verify_moves,
+                       int defrag, int prefetch, int prefetch_guard,
+                       int verify_moves,
                        int verify_pins, int64_t fixed_page_size, char* error,
                        int error_len) {
   using namespace tflms_tfcpu;  // NOLINT
@@ -202,6 +204,7 @@ int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
   options.verify_moves = verify_moves != 0;
   options.verify_pins = verify_pins != 0;
   options.prefetch_enabled = prefetch != 0;
+  options.prefetch_guard = prefetch_guard != 0;
   if (fixed_page_size > 0) {
     options.fixed_addresses = true;
     options.page_size = static_cast<size_t>(fixed_page_size);

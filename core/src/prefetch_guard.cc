@@ -1,0 +1,106 @@
+// Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
+//
+// The prefetch guard: prefetch is kept only where it makes steps faster.
+//
+// Prefetch wins at every point the planner reports, but not everywhere: on
+// an H200 (docs/results.md, "Measured on a GPU") the training workload at
+// six times its device stepped 9% slower with it than paging on demand, and
+// in the TensorFlow-on-CPU harness at a quarter of the peak the Keras fit
+// took 4-6% longer. Which one wins depends on the model, the batch and the
+// machine, and only timing the steps says it. So, once a step is learned,
+// the guard runs kTrialSteps steps with prefetch and kTrialSteps without,
+// times each (the first of each run is a transition: buffers prefetched, or
+// still resident, from the other mode), and keeps the faster. After
+// kHoldSteps steps in the kept mode it tries the other one again for
+// kTrialSteps steps against the kept mode's last kMeasuredSteps, since the
+// data, the learning rate or other processes can change the answer.
+//
+// A step is what the prefetcher tells apart: StepBegin, or inside
+// TensorFlow a new step id that pinned enough in a row (prefetch.cc). Steps
+// are timed on Device::NowSeconds at their boundaries: the host's clock,
+// the modelled host clock in the planner's replays. With the host running
+// ahead of the GPU a boundary is when the host got there, which over a few
+// steps keeps the GPU's pace: the host waits on the launch queue or on the
+// step's results.
+//
+// Off by default (EngineOptions::prefetch_guard), because a switch can cost
+// more than time: over 12 planner steps UNet3D at 272^3 on the DGX-1, which
+// runs with prefetch in every step and on demand in every step, ran out of
+// memory in the second step the guard paused, a concatenation's 5.15 GB
+// output meeting its inputs where prefetch had left them (docs/how-it-works.md).
+//
+// Pausing changes no state a step relies on: the engine keeps learning the
+// order and planning, and acts as without prefetch (FollowingLearnedOrder
+// says no: no look-ahead, no planned copies, least-recently-used victims).
+// Prefetches already made stay until their pin.
+//
+// Invariants: everything here runs under mu_, at step boundaries only, and
+// with prefetch_guard off nothing changes (paused stays false). Data is never
+// at stake, only time and, at the memory edge, fitting.
+#include "engine_impl.h"
+
+namespace tflms {
+namespace {
+
+constexpr int kTrialSteps = 3;     // steps run in a mode to time it
+constexpr int kMeasuredSteps = 2;  // the last ones, which are timed
+constexpr int kHoldSteps = 50;     // steps in the kept mode between trials
+// The other mode must be this much faster to be kept: noise between two
+// steps of the same mode does not flip the choice back and forth.
+constexpr double kMargin = 0.02;
+
+}  // namespace
+
+void Engine::Impl::GuardStepEndedLocked(double at) {
+  using Phase = PrefetchState::Guard::Phase;
+  PrefetchState::Guard& g = prefetch_.guard;
+  if (!options_.prefetch_enabled || !options_.prefetch_guard) return;
+  const double took = g.has_start ? at - g.step_start : 0;
+  g.has_start = true;
+  g.step_start = at;
+  if (g.paused) ++counters_.num_prefetch_paused_steps;
+  // Counts the step that ended in the phase; true once the phase's steps
+  // are done. Its last kMeasuredSteps are summed into `measured`.
+  auto phase_done = [&](int steps) {
+    ++g.steps;
+    if (g.steps > steps - kMeasuredSteps) g.measured += took;
+    return g.steps >= steps;
+  };
+  auto enter = [&](Phase phase, bool paused) {
+    g.phase = phase;
+    g.paused = paused;
+    g.steps = 0;
+    g.measured = 0;
+  };
+  switch (g.phase) {
+    case Phase::kWaiting:
+      // The step just recorded gives the next one an order to follow.
+      if (!prefetch_.library.empty()) enter(Phase::kTrialOn, false);
+      break;
+    case Phase::kTrialOn:
+      if (phase_done(kTrialSteps)) {
+        g.reference = g.measured;
+        enter(Phase::kTrialOff, true);
+      }
+      break;
+    case Phase::kTrialOff:
+      if (phase_done(kTrialSteps)) {
+        enter(Phase::kHolding, g.measured < g.reference * (1 - kMargin));
+      }
+      break;
+    case Phase::kHolding:
+      if (phase_done(kHoldSteps)) {
+        g.reference = g.measured;
+        enter(Phase::kProbing, !g.paused);
+      }
+      break;
+    case Phase::kProbing:
+      if (phase_done(kTrialSteps)) {
+        const bool other_wins = g.measured < g.reference * (1 - kMargin);
+        enter(Phase::kHolding, other_wins ? g.paused : !g.paused);
+      }
+      break;
+  }
+}
+
+}  // namespace tflms
