@@ -2107,6 +2107,29 @@ TEST(TrainingWorkloadReadsWhatItWroteInEveryMode) {
 }
 
 
+// The training workload in the planner's mode: no bytes, modelled time, the
+// H200's measured link rate and a launch queue of 1000.
+workload::Result RunModelledWorkload(const workload::Shape& shape,
+                                     size_t device, bool prefetch,
+                                     bool prefetch_guard) {
+  SimOptions so;
+  so.device_memory = device;
+  so.store_data = false;
+  so.link_bytes_per_second = 55e9;
+  so.launch_queue_depth = 1000;
+  SimDevice sim(so);
+  EngineOptions eo;
+  eo.memory_limit = device;
+  eo.prefetch_enabled = prefetch;
+  eo.prefetch_guard = prefetch_guard;
+  Engine engine(&sim, eo);
+  EXPECT_OK(engine.Init());
+  workload::SimKernels kernels(&sim, 1 / 3e12);
+  workload::Result r = workload::Run(&engine, &kernels, shape);
+  EXPECT_OK(r.status);
+  return r;
+}
+
 // The training workload in the planner's mode (no bytes, modelled time) for
 // 24 steps, on a third and a fifth of its peak, with tensors large against
 // the device (256 MiB on 3.2 and 1.9 GiB): prefetch must keep its step time
@@ -2123,20 +2146,7 @@ TEST(PrefetchKeepsItsStepTimeOverManySteps) {
     double steady[2] = {0, 0};
     workload::Result runs[2];
     for (int prefetch = 0; prefetch < 2; ++prefetch) {
-      SimOptions so;
-      so.device_memory = device;
-      so.store_data = false;
-      so.link_bytes_per_second = 55e9;
-      so.launch_queue_depth = 1000;
-      SimDevice sim(so);
-      EngineOptions eo;
-      eo.memory_limit = device;
-      eo.prefetch_enabled = prefetch == 1;
-      Engine engine(&sim, eo);
-      EXPECT_OK(engine.Init());
-      workload::SimKernels kernels(&sim, 1 / 3e12);
-      runs[prefetch] = workload::Run(&engine, &kernels, shape);
-      EXPECT_OK(runs[prefetch].status);
+      runs[prefetch] = RunModelledWorkload(shape, device, prefetch == 1, false);
       if (runs[prefetch].step_seconds.size() != 24) return;
       steady[prefetch] = runs[prefetch].step_seconds.back();
     }
@@ -2163,21 +2173,7 @@ TEST(PrefetchGuardKeepsTheFasterModeOfEachWorkload) {
     const size_t device = peak / x / (64 * kMiB) * (64 * kMiB);
     workload::Result runs[3];  // on demand, prefetch, guarded prefetch
     for (int mode = 0; mode < 3; ++mode) {
-      SimOptions so;
-      so.device_memory = device;
-      so.store_data = false;
-      so.link_bytes_per_second = 55e9;
-      so.launch_queue_depth = 1000;
-      SimDevice sim(so);
-      EngineOptions eo;
-      eo.memory_limit = device;
-      eo.prefetch_enabled = mode > 0;
-      eo.prefetch_guard = mode == 2;
-      Engine engine(&sim, eo);
-      EXPECT_OK(engine.Init());
-      workload::SimKernels kernels(&sim, 1 / 3e12);
-      runs[mode] = workload::Run(&engine, &kernels, shape);
-      EXPECT_OK(runs[mode].status);
+      runs[mode] = RunModelledWorkload(shape, device, mode > 0, mode == 2);
       if (runs[mode].step_seconds.size() != 24) return;
     }
     // Steps 9-24: after the trials (steps 2-4 with prefetch, 5-7 without).
@@ -2204,21 +2200,8 @@ TEST(PrefetchGuardKeepsTheFasterModeOfEachWorkload) {
   // goes back when it is not faster: at 6x over 64 steps, paused in 5-57,
   // prefetch tried in 58-60, paused again from 61 (64 not ended).
   const workload::Shape longer(32, 256 * kMiB, 32 * kMiB, 64, 2e-3, 4e-3);
-  SimOptions so;
-  so.device_memory = peak / 6 / (64 * kMiB) * (64 * kMiB);
-  so.store_data = false;
-  so.link_bytes_per_second = 55e9;
-  so.launch_queue_depth = 1000;
-  SimDevice sim(so);
-  EngineOptions eo;
-  eo.memory_limit = so.device_memory;
-  eo.prefetch_enabled = true;
-  eo.prefetch_guard = true;
-  Engine engine(&sim, eo);
-  EXPECT_OK(engine.Init());
-  workload::SimKernels kernels(&sim, 1 / 3e12);
-  const workload::Result r = workload::Run(&engine, &kernels, longer);
-  EXPECT_OK(r.status);
+  const workload::Result r = RunModelledWorkload(
+      longer, peak / 6 / (64 * kMiB) * (64 * kMiB), true, true);
   EXPECT(r.stats.num_prefetch_paused_steps == 53 + 3);
   if (r.step_seconds.size() == 64) {
     const double paused = r.step_seconds[50], probed = r.step_seconds[59];
