@@ -436,8 +436,11 @@ class Engine::Impl {
   // A step recorded by the prefetcher ended and the next began at `at`:
   // times the step that ended and moves the guard on.
   void GuardStepEndedLocked(double at);
-  // Whether the guard runs this step without prefetch.
-  bool PrefetchPausedLocked() const { return prefetch_.guard.paused; }
+  // When a step boundary is, for the guard: NowSeconds with the guard on,
+  // 0 without (no clock read at every new step id for nothing).
+  double GuardNowLocked() const {
+    return options_.prefetch_guard ? device_->NowSeconds() : 0;
+  }
   // Whether the kernel pinning now runs under a step id that may begin the
   // next step; its pins are then matched as that step's (prefetch.cc).
   bool InCandidateStep() const;

@@ -219,7 +219,7 @@ void Engine::Impl::NoteStepId(int64_t step_id) {
     p.candidate_pins = 0;
     p.candidate_index = p.recording.size();
     p.candidate_ordinal = p.next_ordinal;
-    p.candidate_time = device_->NowSeconds();
+    p.candidate_time = GuardNowLocked();
     p.candidate_cursor = 0;
   }
 }
@@ -295,7 +295,7 @@ void Engine::Impl::StepBeginLocked() {
   DropCandidateLocked();  // nothing moves over: the step begins here
   KeepInterruptionLocked();
   SplitStepLocked(prefetch_.recording.size(), prefetch_.next_ordinal,
-                  device_->NowSeconds());
+                  GuardNowLocked());
 }
 
 void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base,
@@ -545,7 +545,7 @@ size_t Engine::Impl::LargestAllocationBetween(size_t from, size_t to) const {
 }
 
 size_t Engine::Impl::LargestAllocationDueLocked(size_t pins) const {
-  if (!options_.prefetch_enabled || !FollowingPlan()) return 0;
+  if (!FollowingPlan()) return 0;  // implies prefetch_enabled
   const size_t cursor =
       InCandidateStep() ? prefetch_.candidate_cursor : prefetch_.cursor;
   return LargestAllocationBetween(cursor, cursor + pins);

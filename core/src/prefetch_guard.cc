@@ -2,7 +2,7 @@
 //
 // The prefetch guard: prefetch is kept only where it makes steps faster.
 //
-// Prefetch wins at every point the planner reports, but not everywhere: on
+// Prefetch wins at every planner point where it fits, but not everywhere: on
 // an H200 (docs/results.md, "Measured on a GPU") the training workload at
 // six times its device stepped 9% slower with it than paging on demand, and
 // in the TensorFlow-on-CPU harness at a quarter of the peak the Keras fit

@@ -165,9 +165,8 @@ extern "C" {
 // engine's guard (EngineOptions::prefetch_guard), timing steps in real time.
 int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
                        int defrag, int prefetch, int prefetch_guard,
-                       int verify_moves,
-                       int verify_pins, int64_t fixed_page_size, char* error,
-                       int error_len) {
+                       int verify_moves, int verify_pins,
+                       int64_t fixed_page_size, char* error, int error_len) {
   using namespace tflms_tfcpu;  // NOLINT
   std::lock_guard<std::mutex> lock(g_enable_mu);
   if (g_allocator != nullptr) {
