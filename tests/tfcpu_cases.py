@@ -31,6 +31,7 @@ DEVICE_MEMORY = {
     "tensor_array": "1536KiB",
     "variables": "8MiB",
     "temporaries": "64MiB",
+    "kept_buffers": "8MiB",
     "forwarding": "64MiB",
     "dlpack": "8MiB",
     "custom_op": "8MiB",
@@ -207,6 +208,32 @@ def variables(tf: Any) -> dict[str, Any]:
     return {"values": _hex([first, second]), "reclaimed_before_read": moved}
 
 
+def kept_buffers(tf: Any) -> dict[str, Any]:
+    # Buffers a kernel creates and keeps without outputting them must not stay
+    # pinned once it has finished: a variable's new buffer when its update copies
+    # it (a read still references the old one), and list elements. Eager ops, so
+    # that no kernel runs where the active bytes are read.
+    import tflms.tfcpu as tc
+
+    def active() -> int:
+        return tc.stats()["bytes_active"] if tc.enabled() else 0
+
+    v = tf.Variable(tf.fill([256, 1024], 1.0))  # 1 MiB
+    delta = tf.fill([256, 1024], 0.25)
+    before = active()
+    old = v.read_value()  # shares v's buffer: the update below copies it
+    v.assign_sub(delta)
+    after_update = active()
+    rows = tf.reshape(tf.range(8 * 16384, dtype=tf.float32), [8, 16384])
+    listed = tf.raw_ops.TensorListFromTensor(tensor=rows, element_shape=tf.constant([16384]))
+    after_list = active()
+    stacked = tf.raw_ops.TensorListStack(
+        input_handle=listed, element_shape=tf.constant([16384]), element_dtype=tf.float32
+    )
+    values = [tf.reduce_sum(old), tf.reduce_sum(v), tf.reduce_sum(stacked)]
+    return {"values": _hex(values), "active": [before, after_update, after_list]}
+
+
 def temporaries(tf: Any) -> dict[str, Any]:
     # Bytes in use after each step must come back to the same figure: buffers
     # freed while still creation-pinned (temporaries, unread outputs) are freed.
@@ -333,6 +360,8 @@ def big_variables(tf: Any) -> dict[str, Any]:
     import keras
     import numpy as np
 
+    import tflms.tfcpu as tc
+
     keras.utils.set_random_seed(3)
     rng = np.random.default_rng(2)
     x = rng.standard_normal((64, 256)).astype("float32")
@@ -340,7 +369,18 @@ def big_variables(tf: Any) -> dict[str, Any]:
     layers = [keras.layers.Dense(256, activation="relu") for _ in range(8)]
     model = keras.Sequential([keras.Input((256,)), *layers, keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse", jit_compile=False)
-    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0, shuffle=False)
+    # Bytes that cannot move between steps, where no kernel runs: a weight that its
+    # update copied (copy-on-write) must not stay pinned until the next step reads it.
+    active: list[int] = []
+
+    class ActiveBytes(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if tc.enabled():
+                active.append(tc.stats()["bytes_active"])
+
+    history = model.fit(
+        x, y, batch_size=32, epochs=3, verbose=0, shuffle=False, callbacks=[ActiveBytes()]
+    )
     weights = sum(float(np.abs(w).sum()) for w in model.get_weights())
     variable_bytes = sum(
         int(np.prod(v.shape)) * 4 for v in [*model.variables, *model.optimizer.variables]
@@ -349,6 +389,7 @@ def big_variables(tf: Any) -> dict[str, Any]:
         "loss": _hex(history.history["loss"]),
         "weights": _hex([weights]),
         "variable_bytes": variable_bytes,
+        "active_between_steps": active,
     }
 
 
@@ -466,6 +507,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "tensor_array": tensor_array,
     "variables": variables,
     "temporaries": temporaries,
+    "kept_buffers": kept_buffers,
     "forwarding": forwarding,
     "dlpack": dlpack,
     "custom_op": custom_op,

@@ -57,9 +57,31 @@ absl::flat_hash_map<const MovableTensorBuffer*, int>& UnownedPins()
   return *pins;
 }
 
+// This thread's innermost KernelCreationScope (its id; 0 outside kernels)
+// and how many movable buffers it has allocated within scopes.
+struct ThreadCreations {
+  uintptr_t scope = 0;
+  int64_t created = 0;
+};
+thread_local ThreadCreations thread_creations;
+
 }  // namespace
 
 std::atomic<bool> MovableTensorBufferUtil::enabled_{false};
+
+KernelCreationScope::KernelCreationScope()
+    : outer_(thread_creations.scope),
+      created_before_(thread_creations.created) {
+  thread_creations.scope = id();
+}
+
+KernelCreationScope::~KernelCreationScope() {
+  thread_creations.scope = outer_;
+}
+
+bool KernelCreationScope::created_any() const {
+  return thread_creations.created != created_before_;
+}
 
 bool RegisterMovableAllocator(const Allocator* allocator,
                               MovableAllocator* movable) {
@@ -109,7 +131,10 @@ MovableTensorBuffer* MovableTensorBuffer::Allocate(
   void* handle = movable->AllocateMovable(Allocator::kAllocatorAlignment,
                                           num_bytes, attr, &data);
   if (handle == nullptr) data = nullptr;
-  return new MovableTensorBuffer(allocator, movable, handle, data, num_bytes);
+  const uintptr_t creator = thread_creations.scope;
+  if (creator != 0) ++thread_creations.created;
+  return new MovableTensorBuffer(allocator, movable, handle, data, num_bytes,
+                                 creator);
 }
 
 MovableTensorBuffer* MovableTensorBuffer::FromBuffer(TensorBuffer* buffer) {
@@ -127,12 +152,13 @@ MovableTensorBuffer* MovableTensorBuffer::FromBuffer(TensorBuffer* buffer) {
 MovableTensorBuffer::MovableTensorBuffer(Allocator* allocator,
                                          MovableAllocator* movable,
                                          void* handle, void* data,
-                                         size_t num_bytes)
+                                         size_t num_bytes, uintptr_t creator)
     : TensorBuffer(data),
       allocator_(allocator),
       movable_(movable),
       handle_(handle),
       num_bytes_(num_bytes),
+      creator_(creator),
       creation_pin_(handle != nullptr) {}
 
 MovableTensorBuffer::~MovableTensorBuffer() {
@@ -186,6 +212,11 @@ void MovableTensorBuffer::ReleaseCreationPin() {
   if (creation_pin_.exchange(false, std::memory_order_acq_rel)) {
     movable_->UnpinMovable(handle_);
   }
+}
+
+void MovableTensorBuffer::ReleaseCreationPinIfCreatedIn(
+    const KernelCreationScope& scope) {
+  if (creator_ == scope.id()) ReleaseCreationPin();
 }
 
 absl::Status MovableTensorBuffer::PinUnowned() {

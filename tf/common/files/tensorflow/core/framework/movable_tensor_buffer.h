@@ -30,10 +30,12 @@ limitations under the License.
 // Invariants:
 //   * A new buffer starts pinned by its creator (the kernel that writes it,
 //     or a copy that fills it). The creation pin ends when the kernel that
-//     made the buffer an output has finished (the pin site releases it), or
-//     else with the first unpin from a pin site (buffers a kernel keeps, such
-//     as a list element it creates); a buffer destroyed while still
-//     creation-pinned drops that pin itself, so it never outlives its memory.
+//     made the buffer has finished, if the pin site finds it among the
+//     kernel's outputs or the tensors its resource inputs and variant outputs
+//     hold (a variable's new buffer after copy-on-write, a list element);
+//     else with the first unpin from a pin site. A buffer destroyed while
+//     still creation-pinned drops that pin itself, so it never outlives its
+//     memory.
 //   * A pin holds no reference on the buffer: whoever pins keeps the tensor
 //     alive until it unpins (the executor holds a kernel's inputs until the
 //     kernel returns or calls done). Taking a reference would make
@@ -105,6 +107,33 @@ void UnregisterMovableAllocator(const Allocator* allocator);
 // The MovableAllocator of `allocator`, or nullptr. Lock-free.
 MovableAllocator* FindMovableAllocator(const Allocator* allocator);
 
+// Marks the movable buffers allocated on the calling thread while it lives
+// as created by one kernel run, so that the pin site can end their creation
+// pins when the kernel has finished even where they are not outputs (see
+// KernelPins). Scopes nest. Buffers allocated on other threads (a kernel's
+// intra-op workers, an asynchronous kernel's callbacks) are not marked and
+// keep their creation pin until the first unpin, which is safe, only later.
+class KernelCreationScope {
+ public:
+  KernelCreationScope();
+  ~KernelCreationScope();
+  // Whether a movable buffer was created on this thread within the scope.
+  bool created_any() const;
+
+ private:
+  friend class MovableTensorBuffer;
+  // A scope is named by its address: unique among live scopes. A buffer
+  // whose creator has ended and whose address a later scope reuses may be
+  // released by that scope too, which is safe, since its creator is done.
+  uintptr_t id() const { return reinterpret_cast<uintptr_t>(this); }
+
+  const uintptr_t outer_;
+  const int64_t created_before_;
+
+  KernelCreationScope(const KernelCreationScope&) = delete;
+  void operator=(const KernelCreationScope&) = delete;
+};
+
 // A root tensor buffer allocated from a MovableAllocator.
 class MovableTensorBuffer final : public TensorBuffer {
  public:
@@ -123,6 +152,9 @@ class MovableTensorBuffer final : public TensorBuffer {
   void Unpin();
   // Ends the creator's pin if it is still held (the creator is done).
   void ReleaseCreationPin();
+  // The same, only if the buffer was allocated within `scope`, whose kernel
+  // has finished.
+  void ReleaseCreationPinIfCreatedIn(const KernelCreationScope& scope);
   // A slice's hold on its root: like Pin/Unpin, except that releasing it
   // never ends the creator's pin (a kernel may slice its own output and drop
   // the slice while it still writes the root).
@@ -148,13 +180,16 @@ class MovableTensorBuffer final : public TensorBuffer {
 
  private:
   MovableTensorBuffer(Allocator* allocator, MovableAllocator* movable,
-                      void* handle, void* data, size_t num_bytes);
+                      void* handle, void* data, size_t num_bytes,
+                      uintptr_t creator);
   ~MovableTensorBuffer() override;
 
   Allocator* const allocator_;
   MovableAllocator* const movable_;
   void* const handle_;  // nullptr when the allocation failed
   const size_t num_bytes_;
+  // The KernelCreationScope it was allocated in (its id), or 0.
+  const uintptr_t creator_;
   std::atomic<bool> creation_pin_;
   std::atomic<bool> unmovable_{false};
   // Set once PinUnowned ran: only then does the destructor consult the

@@ -80,41 +80,120 @@ absl::Status PinTensor(const Tensor& t, bool elements, int depth,
   return absl::OkStatus();
 }
 
-// Variables and tensor arrays are reached through their handles. A handle
-// that does not resolve here (another device, not created yet) is left to
-// the kernel, which reports it.
-absl::Status PinResource(OpKernelContext* context, const ResourceHandle& h,
-                         bool elements, ScopedTensorPins* pins) {
+// Variables and tensor arrays are reached through their handles: calls
+// `on_var` with a variable (the caller takes its lock) or `on_array` with a
+// tensor array. A handle that does not resolve here (another device, not
+// created yet) is left to the kernel, which reports it.
+template <typename OnVar, typename OnArray>
+absl::Status VisitResource(OpKernelContext* context, const ResourceHandle& h,
+                           OnVar on_var, OnArray on_array) {
   static const uint64_t kVar = TypeIndex::Make<Var>().hash_code();
   static const uint64_t kTensorArray =
       TypeIndex::Make<TensorArray>().hash_code();
   if (h.hash_code() == kVar) {
     core::RefCountPtr<Var> var;
     if (!LookupResource(context, h, &var).ok()) return absl::OkStatus();
-    // Kernels update a variable's buffer in place, under its lock, only
-    // while they hold the only reference, and replace it on assignment: the
-    // pin takes no reference and survives the buffer being dropped
-    // (PinUnowned). Taken under the variable's lock so that the tensor
-    // cannot be swapped between reading and pinning it; the kernel takes the
-    // lock itself afterwards.
-    tf_shared_lock lock(*var->mu());
-    const Tensor& current = *var->tensor();
-    absl::Status s = pins->PinUnowned(current);
-    if (s.ok() && elements && current.dtype() == DT_VARIANT) {
-      s = PinTensor(current, elements, 1, pins);
-    }
-    return s;
+    return on_var(var.get());
   }
   if (h.hash_code() == kTensorArray) {
     core::RefCountPtr<TensorArray> array;
     if (!LookupResource(context, h, &array).ok()) return absl::OkStatus();
-    absl::Status status;
-    array->ForEachTensor([&](const Tensor& t) {
-      if (status.ok()) status = PinTensor(t, elements, 1, pins);
-    });
-    return status;
+    return on_array(array.get());
   }
   return absl::OkStatus();
+}
+
+// The resource handles among the kernel's inputs, for `f`; stops at the
+// first error.
+template <typename F>
+absl::Status ForEachResourceInput(OpKernelContext* context, int input, F f) {
+  const Tensor& t = context->input(input);
+  if (t.dtype() != DT_RESOURCE || !t.IsInitialized()) return absl::OkStatus();
+  auto handles = t.flat<ResourceHandle>();
+  absl::Status s;
+  for (int64_t j = 0; s.ok() && j < handles.size(); ++j) s = f(handles(j));
+  return s;
+}
+
+absl::Status PinResource(OpKernelContext* context, const ResourceHandle& h,
+                         bool elements, ScopedTensorPins* pins) {
+  return VisitResource(
+      context, h,
+      [&](Var* var) {
+        // Kernels update a variable's buffer in place, under its lock, only
+        // while they hold the only reference, and replace it on assignment:
+        // the pin takes no reference and survives the buffer being dropped
+        // (PinUnowned). Taken under the variable's lock so that the tensor
+        // cannot be swapped between reading and pinning it; the kernel takes
+        // the lock itself afterwards.
+        tf_shared_lock lock(*var->mu());
+        const Tensor& current = *var->tensor();
+        absl::Status s = pins->PinUnowned(current);
+        if (s.ok() && elements && current.dtype() == DT_VARIANT) {
+          s = PinTensor(current, elements, 1, pins);
+        }
+        return s;
+      },
+      [&](TensorArray* array) {
+        absl::Status status;
+        array->ForEachTensor([&](const Tensor& t) {
+          if (status.ok()) status = PinTensor(t, elements, 1, pins);
+        });
+        return status;
+      });
+}
+
+// Ends the creation pin of `t`'s buffer, and of the list elements it holds,
+// where `scope`'s kernel allocated them.
+void ReleaseIfCreatedIn(const Tensor& t, const KernelCreationScope& scope,
+                        int depth) {
+  MovableTensorBuffer* m = MovableTensorBufferUtil::Get(t);
+  if (m != nullptr) m->ReleaseCreationPinIfCreatedIn(scope);
+  if (t.dtype() != DT_VARIANT || !t.IsInitialized() ||
+      depth >= kMaxVariantDepth) {
+    return;
+  }
+  auto flat = t.flat<Variant>();
+  for (int64_t i = 0; i < flat.size(); ++i) {
+    const TensorList* list = flat(i).get<TensorList>();
+    if (list == nullptr) continue;
+    for (const Tensor& element : list->tensors()) {
+      ReleaseIfCreatedIn(element, scope, depth + 1);
+    }
+  }
+}
+
+// A kernel that has finished may have kept buffers it created without making
+// them outputs: a variable's new buffer (assignment, copy-on-write before an
+// update), elements of a list it outputs or of an array it writes. Their
+// creation pins would otherwise last until their next reader unpins them,
+// for weights and optimizer slots the whole time until the next step.
+void ReleaseKeptCreationPins(OpKernelContext* context,
+                             const KernelCreationScope& scope) {
+  for (int i = 0; i < context->num_outputs(); ++i) {
+    const Tensor* out = context->mutable_output(i);
+    if (out != nullptr && out->dtype() == DT_VARIANT) {
+      ReleaseIfCreatedIn(*out, scope, 0);
+    }
+  }
+  for (int i = 0; i < context->num_inputs(); ++i) {
+    if (!context->has_input(i) || context->input_is_ref(i)) continue;
+    ForEachResourceInput(context, i, [&](const ResourceHandle& h) {
+      return VisitResource(
+          context, h,
+          [&](Var* var) {
+            tf_shared_lock lock(*var->mu());
+            ReleaseIfCreatedIn(*var->tensor(), scope, 1);
+            return absl::OkStatus();
+          },
+          [&](TensorArray* array) {
+            array->ForEachTensor([&](const Tensor& t) {
+              ReleaseIfCreatedIn(t, scope, 1);
+            });
+            return absl::OkStatus();
+          });
+    }).IgnoreError();
+  }
 }
 
 std::atomic<bool> warned_about_xla{false};
@@ -244,11 +323,10 @@ absl::Status PinKernelInputs(OpKernelContext* context, ScopedTensorPins* pins) {
     const Tensor t = ref ? context->mutable_input(i, /*lock_held=*/false)
                          : context->input(i);
     absl::Status s = PinTensor(t, elements, ref ? 1 : 0, pins);
-    if (s.ok() && t.dtype() == DT_RESOURCE && t.IsInitialized()) {
-      auto handles = t.flat<ResourceHandle>();
-      for (int64_t j = 0; s.ok() && j < handles.size(); ++j) {
-        s = PinResource(context, handles(j), elements, pins);
-      }
+    if (s.ok() && !ref) {
+      s = ForEachResourceInput(context, i, [&](const ResourceHandle& h) {
+        return PinResource(context, h, elements, pins);
+      });
     }
     if (!s.ok()) return s;
   }
@@ -278,6 +356,7 @@ void NoteKernelStep(OpKernelContext* context) {
 
 KernelPins::KernelPins(OpKernelContext* context) : context_(context) {
   if (!MovableTensorBufferUtil::Enabled()) return;
+  creations_.emplace();
   NoteKernelStep(context);
   absl::Status s = PinKernelInputs(context, &pins_);
   if (!s.ok()) {
@@ -288,8 +367,13 @@ KernelPins::KernelPins(OpKernelContext* context) : context_(context) {
 }
 
 KernelPins::~KernelPins() {
-  if (!MovableTensorBufferUtil::Enabled()) return;
-  if (ok_) ReleaseOutputCreationPins(context_);
+  if (!creations_.has_value()) return;
+  if (ok_) {
+    ReleaseOutputCreationPins(context_);
+    if (creations_->created_any()) {
+      ReleaseKeptCreationPins(context_, *creations_);
+    }
+  }
   pins_.Release();
 }
 

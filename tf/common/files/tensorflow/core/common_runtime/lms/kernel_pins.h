@@ -35,7 +35,12 @@ limitations under the License.
 //
 // When the kernel has finished (returned, or called done), the creation pins
 // of its outputs end: an output waiting for a consumer that runs much later
-// (the executor runs ahead, loop iterations overlap) may then move.
+// (the executor runs ahead, loop iterations overlap) may then move. So do, for
+// synchronous kernels, those of buffers the kernel created on its thread and
+// kept without outputting them: the variable's new buffer when an assignment
+// or an update copied it (the old one was still referenced), the elements of
+// a list it outputs or of a tensor array it writes. Otherwise a weight copied
+// by its optimizer update would stay pinned until the next step reads it.
 //
 // Kernels that only pass tensors along, never reading their bytes (Identity,
 // Shape, control-flow forwarding, function calls whose bodies pin what they
@@ -52,6 +57,7 @@ limitations under the License.
 #define TENSORFLOW_CORE_COMMON_RUNTIME_LMS_KERNEL_PINS_H_
 
 #include <initializer_list>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -78,7 +84,8 @@ absl::Status PinKernelInputs(OpKernelContext* context, ScopedTensorPins* pins);
 void ReleaseOutputCreationPins(OpKernelContext* context);
 
 // For a device's Compute: pins on construction; on destruction releases the
-// outputs' creation pins and unpins. When ok() is false the context's status
+// creation pins of the outputs and of the buffers the kernel kept, and
+// unpins. When ok() is false the context's status
 // says why (a buffer could not be brought back into device memory) and the
 // kernel must not run.
 class KernelPins {
@@ -91,6 +98,8 @@ class KernelPins {
 
  private:
   OpKernelContext* const context_;
+  // Marks what the kernel allocates on this thread; only with LMS on.
+  std::optional<KernelCreationScope> creations_;
   ScopedTensorPins pins_;
   bool ok_ = true;
 };
