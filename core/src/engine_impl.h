@@ -295,11 +295,17 @@ class Engine::Impl {
   BfcArena::ChunkHandle TakeClusterRange(const ClusterPlan& plan,
                                          size_t rounded, size_t bytes,
                                          Buffer* owner);
-  // Before a resident buffer of a quarter of the device or more is pinned
-  // under pressure: if it sits inside a gap between chunks that cannot
-  // leave, away from both ends, moves it (device to device) to an end. True
-  // if it moved. May release and retake `lock`.
+  // Before a resident buffer is pinned under pressure: if it sits inside a
+  // gap between chunks that cannot leave, away from both ends, moves it
+  // (device to device) to an end, when it is a quarter of the device or
+  // more, or when where it is it would leave the learned step's coming
+  // allocation no room (placement.cc). True if it moved. May release and
+  // retake `lock`.
   bool RelocateStrandedLocked(std::unique_lock<std::mutex>& lock, Buffer* b);
+  // The largest run of adjacent chunks that may_leave accepts, `pinned`'s
+  // own chunk counted as staying, or the memory not reserved yet if larger.
+  template <typename MayLeave>
+  size_t LargestGapBesideLocked(const Buffer* pinned, MayLeave may_leave) const;
 
   // ---- defrag.cc ----
   // Makes a free chunk of `rounded` bytes by moving inactive buffers.
@@ -420,6 +426,8 @@ class Engine::Impl {
   // The largest allocation the planned step makes within the next `pins`
   // pins; 0 while no plan is followed.
   size_t LargestAllocationDueLocked(size_t pins) const;
+  // Whether the planned step pins `b` within the next `pins` pins.
+  bool PinDueLocked(const Buffer* b, size_t pins) const;
   // `b` stops being a prefetch not yet pinned (pinned, evicted or freed):
   // a look-ahead prefetch's bytes leave the byte budget's count.
   void EndPrefetchLocked(Buffer* b);

@@ -551,6 +551,14 @@ size_t Engine::Impl::LargestAllocationDueLocked(size_t pins) const {
   return LargestAllocationBetween(cursor, cursor + pins);
 }
 
+bool Engine::Impl::PinDueLocked(const Buffer* b, size_t pins) const {
+  if (!FollowingPlan()) return false;
+  const size_t cursor =
+      InCandidateStep() ? prefetch_.candidate_cursor : prefetch_.cursor;
+  const size_t next = NextUse(b);
+  return next != SIZE_MAX && next < cursor + pins;
+}
+
 void Engine::Impl::ForgetBufferForPrefetch(Buffer* b) {
   PrefetchState& p = prefetch_;
   if (options_.prefetch_enabled) NoteStepEventLocked(StepEvent::kFree, b);
