@@ -454,6 +454,9 @@ class Engine::Impl {
   bool InCandidateStep() const;
   // The key under which `b` is matched against the learned order now.
   int64_t MatchKey(const Buffer* b) const;
+  // The position in the learned order of the next pin (the candidate
+  // step's while one is open).
+  size_t LearnedCursor() const;
 
   // ---- fixed_address.cc ----
   // Reserves the virtual range and sets up the page table (Init).

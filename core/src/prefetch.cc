@@ -435,6 +435,10 @@ bool Engine::Impl::InCandidateStep() const {
   return p.has_candidate && p.step_id == p.candidate_id;
 }
 
+size_t Engine::Impl::LearnedCursor() const {
+  return InCandidateStep() ? prefetch_.candidate_cursor : prefetch_.cursor;
+}
+
 int64_t Engine::Impl::MatchKey(const Buffer* b) const {
   // In a candidate step: as it will be keyed once the step is confirmed.
   return InCandidateStep() ? CandidateKey(b) : PrefetchKey(b);
@@ -444,8 +448,7 @@ size_t Engine::Impl::NextUse(const Buffer* b) const {
   auto it = prefetch_.positions.find(MatchKey(b));
   if (it == prefetch_.positions.end()) return SIZE_MAX;
   const std::vector<size_t>& pos = it->second;
-  const size_t cursor =
-      InCandidateStep() ? prefetch_.candidate_cursor : prefetch_.cursor;
+  const size_t cursor = LearnedCursor();
   auto next = std::lower_bound(pos.begin(), pos.end(), cursor);
   return next == pos.end() ? SIZE_MAX : *next;
 }
@@ -459,7 +462,7 @@ bool Engine::Impl::ShouldPageOutEarlyLocked(const Buffer* b) const {
   auto it = p.victims_learned.find(MatchKey(b));
   if (it == p.victims_learned.end()) return false;
   const size_t next = NextUse(b);
-  const size_t cursor = InCandidateStep() ? p.candidate_cursor : p.cursor;
+  const size_t cursor = LearnedCursor();
   const bool plan = FollowingPlan();
   if (plan && !PlannedPageOutLeavesRoomLocked(b)) return false;
   if (next == SIZE_MAX) {
@@ -546,15 +549,13 @@ size_t Engine::Impl::LargestAllocationBetween(size_t from, size_t to) const {
 
 size_t Engine::Impl::LargestAllocationDueLocked(size_t pins) const {
   if (!FollowingPlan()) return 0;  // implies prefetch_enabled
-  const size_t cursor =
-      InCandidateStep() ? prefetch_.candidate_cursor : prefetch_.cursor;
+  const size_t cursor = LearnedCursor();
   return LargestAllocationBetween(cursor, cursor + pins);
 }
 
 bool Engine::Impl::PinDueLocked(const Buffer* b, size_t pins) const {
   if (!FollowingPlan()) return false;
-  const size_t cursor =
-      InCandidateStep() ? prefetch_.candidate_cursor : prefetch_.cursor;
+  const size_t cursor = LearnedCursor();
   const size_t next = NextUse(b);
   return next != SIZE_MAX && next < cursor + pins;
 }
@@ -739,8 +740,7 @@ void Engine::Impl::RunPrefetch(std::unique_lock<std::mutex>& lock,
     if (!s.ok()) break;  // no room without costly reclaim: stop here
     ++counters_.num_prefetches;
     b->prefetched = true;
-    const size_t cursor =
-        InCandidateStep() ? prefetch_.candidate_cursor : prefetch_.cursor;
+    const size_t cursor = LearnedCursor();
     b->prefetch_distance =
         needed_at == SIZE_MAX || needed_at < cursor ? 0 : needed_at - cursor;
     prefetch_.inflight_bytes += b->size;

@@ -46,38 +46,38 @@ namespace {
 // further, which only costs a page-in fault if such a kernel ever exists.
 constexpr int kMaxVariantDepth = 8;
 
-absl::Status PinTensor(const Tensor& t, bool elements, int depth,
-                       ScopedTensorPins* pins);
-
-// The tensors of a TensorList; other variant payloads (datasets, optionals)
-// live in host memory on a GPU and are never movable. Elements are held as
-// well as pinned: a list kernel may replace them while it runs.
-absl::Status PinVariant(const Variant& v, int depth, ScopedTensorPins* pins) {
-  const TensorList* list = v.get<TensorList>();
-  if (list == nullptr) return absl::OkStatus();
-  for (const Tensor& element : list->tensors()) {
-    absl::Status s = PinTensor(element, /*elements=*/true, depth + 1, pins);
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
-// depth 0: a kernel input, which the executor keeps alive; deeper: reached
-// through a list, an array or a variable, so held.
-absl::Status PinTensor(const Tensor& t, bool elements, int depth,
-                       ScopedTensorPins* pins) {
-  absl::Status s = depth == 0 ? pins->Pin(t) : pins->PinAndHold(t);
-  if (!s.ok()) return s;
-  if (!elements || t.dtype() != DT_VARIANT || !t.IsInitialized() ||
+// Calls `f(element, depth + 1)` for each tensor of the TensorLists `t` holds,
+// if `t` is a variant tensor reached at `depth`; stops at the first error.
+// Other variant payloads (datasets, optionals) live in host memory on a GPU
+// and are never movable.
+template <typename F>
+absl::Status ForEachListElement(const Tensor& t, int depth, F f) {
+  if (t.dtype() != DT_VARIANT || !t.IsInitialized() ||
       depth >= kMaxVariantDepth) {
     return absl::OkStatus();
   }
   auto flat = t.flat<Variant>();
   for (int64_t i = 0; i < flat.size(); ++i) {
-    s = PinVariant(flat(i), depth, pins);
-    if (!s.ok()) return s;
+    const TensorList* list = flat(i).get<TensorList>();
+    if (list == nullptr) continue;
+    for (const Tensor& element : list->tensors()) {
+      absl::Status s = f(element, depth + 1);
+      if (!s.ok()) return s;
+    }
   }
   return absl::OkStatus();
+}
+
+// depth 0: a kernel input, which the executor keeps alive; deeper: reached
+// through a list, an array or a variable, so held. List elements are held
+// as well as pinned: a list kernel may replace them while it runs.
+absl::Status PinTensor(const Tensor& t, bool elements, int depth,
+                       ScopedTensorPins* pins) {
+  absl::Status s = depth == 0 ? pins->Pin(t) : pins->PinAndHold(t);
+  if (!s.ok() || !elements) return s;
+  return ForEachListElement(t, depth, [&](const Tensor& element, int d) {
+    return PinTensor(element, /*elements=*/true, d, pins);
+  });
 }
 
 // Variables and tensor arrays are reached through their handles: calls
@@ -149,18 +149,10 @@ void ReleaseIfCreatedIn(const Tensor& t, const KernelCreationScope& scope,
                         int depth) {
   MovableTensorBuffer* m = MovableTensorBufferUtil::Get(t);
   if (m != nullptr) m->ReleaseCreationPinIfCreatedIn(scope);
-  if (t.dtype() != DT_VARIANT || !t.IsInitialized() ||
-      depth >= kMaxVariantDepth) {
-    return;
-  }
-  auto flat = t.flat<Variant>();
-  for (int64_t i = 0; i < flat.size(); ++i) {
-    const TensorList* list = flat(i).get<TensorList>();
-    if (list == nullptr) continue;
-    for (const Tensor& element : list->tensors()) {
-      ReleaseIfCreatedIn(element, scope, depth + 1);
-    }
-  }
+  ForEachListElement(t, depth, [&](const Tensor& element, int d) {
+    ReleaseIfCreatedIn(element, scope, d);
+    return absl::OkStatus();
+  }).IgnoreError();
 }
 
 // A kernel that has finished may have kept buffers it created without making
