@@ -16,6 +16,7 @@ from tflms.planner.gpu import GIB, get_gpu, parse_link, parse_size
 from tflms.planner.machines import get_pairing
 from tflms.planner.replay import (
     EngineConfig,
+    ReplayResult,
     build_plan,
     live_profile,
     peak_live_bytes,
@@ -238,7 +239,6 @@ def test_max_batch_reports_no_batch_above_a_hole(monkeypatch: pytest.MonkeyPatch
     # Replays stubbed so that batches 380..385 fail with LMS while 386..400 fit, as a
     # fragmentation hole does: the reported largest batch must lie below the hole.
     from tflms.planner import simulate
-    from tflms.planner.replay import ReplayResult
 
     trace = chain_trace(layers=8, batch=4)
     m = machine(64 * MIB, host=1 * GIB)  # device and host hold up to batch 1088
@@ -464,23 +464,43 @@ def mobilenet_trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
     return _fresh_trace(tmp_path_factory, "MobileNetV2", 8, 32)
 
 
+@pytest.fixture(scope="module")
+def inception_trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
+    return _fresh_trace(tmp_path_factory, "InceptionV3", 8, None)
+
+
+def _inception_on_ac922_both_ways(trace: Trace, batch: int) -> tuple[ReplayResult, ReplayResult]:
+    """On demand and with prefetch at `batch` on the AC922: both run, prefetch faster."""
+    m = Machine.from_pairing(get_pairing("ac922-v100"))
+    plan = build_plan(trace.rescaled(batch), m.gpu)
+    on_demand = replay(plan, m.gpu, m.config(prefetch=False))
+    prefetch = replay(plan, m.gpu, m.config(prefetch=True))
+    assert on_demand.fits, on_demand.oom_message
+    assert prefetch.steps >= 20
+    assert prefetch.fits, f"{prefetch.oom_op}: {prefetch.oom_message}"
+    assert prefetch.step_time_s < on_demand.step_time_s
+    return on_demand, prefetch
+
+
 @pytest.mark.tf
-def test_prefetch_runs_inception_where_paging_on_demand_does(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
+def test_prefetch_runs_inception_where_paging_on_demand_does(inception_trace: Trace) -> None:
     # At batch 896 on the AC922 an AddN adds two 4.96 GB gradients of the 16 GiB device. With
     # prefetch one of them was pinned 20 MB above a 4.87 GB hole, the 20 MB being activations
     # whose early page-outs were still in flight, and the AddN's output found no room although
     # paging in on demand runs the step (placement.cc, RelocateStrandedLocked).
-    trace = _fresh_trace(tmp_path_factory, "InceptionV3", 8, None).rescaled(896)
-    m = Machine.from_pairing(get_pairing("ac922-v100"))
-    plan = build_plan(trace, m.gpu)
-    on_demand = replay(plan, m.gpu, m.config(prefetch=False))
-    prefetch = replay(plan, m.gpu, m.config(prefetch=True))
-    assert on_demand.fits, on_demand.oom_message
-    assert prefetch.fits, f"{prefetch.oom_op}: {prefetch.oom_message}"
+    _, prefetch = _inception_on_ac922_both_ways(inception_trace, 896)
     assert prefetch.step_stats["prefetch_hits"] > 0
-    assert prefetch.step_time_s < on_demand.step_time_s
+
+
+@pytest.mark.tf
+def test_padding_given_back_runs_inception_712_with_prefetch(inception_trace: Trace) -> None:
+    # At batch 712 on the AC922 prefetch ran out of memory (an AddN's inputs pinned apart).
+    # TensorFlow's split rule leaves chunks padded, which the step's plan, counting bytes, does
+    # not know; given back before anything is paged out (padding.cc), the step runs, faster
+    # than paging on demand. Without a plan nothing is trimmed.
+    on_demand, prefetch = _inception_on_ac922_both_ways(inception_trace, 712)
+    assert on_demand.stats["bytes_padding_trimmed"] == 0
+    assert prefetch.stats["bytes_padding_trimmed"] > 0
 
 
 @pytest.mark.tf

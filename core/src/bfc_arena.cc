@@ -308,6 +308,7 @@ BfcArena::ChunkHandle BfcArena::MarkInUse(ChunkHandle h, size_t rounded,
   c->requested_size = requested;
   c->allocation_id = next_allocation_id_++;
   c->owner = owner;
+  if (owner != nullptr) owned_padding_ += c->size - RoundedBytes(requested);
   ++num_allocs_;
   bytes_in_use_ += c->size;
   peak_bytes_in_use_ = std::max(peak_bytes_in_use_, bytes_in_use_);
@@ -395,10 +396,28 @@ void BfcArena::FreeChunk(ChunkHandle h, uint64_t reuse_after) {
   assert(c->in_use());
   c->reuse_after = std::max(c->reuse_after, reuse_after);
   bytes_in_use_ -= c->size;
+  if (c->owner != nullptr) {
+    owned_padding_ -= c->size - RoundedBytes(c->requested_size);
+  }
   c->allocation_id = -1;
   c->requested_size = 0;
   c->owner = nullptr;
   InsertFreeChunkIntoBin(TryToCoalesce(h));
+}
+
+size_t BfcArena::TrimInUse(ChunkHandle h, size_t min_tail) {
+  Chunk* c = chunk(h);
+  assert(c->in_use());
+  const size_t keep = RoundedBytes(c->requested_size);
+  if (c->size <= keep || c->size - keep < min_tail) return 0;
+  const size_t tail = c->size - keep;
+  if (c->owner != nullptr) owned_padding_ -= tail;
+  SplitChunk(h, keep);  // files the tail as free, not merged yet
+  const ChunkHandle t = chunk(h)->next;
+  RemoveFreeChunkFromBin(t);
+  InsertFreeChunkIntoBin(TryToCoalesce(t));  // `h`, in use, stays apart
+  bytes_in_use_ -= tail;
+  return tail;
 }
 
 size_t BfcArena::LargestFreeChunk() const {

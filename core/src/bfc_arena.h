@@ -99,6 +99,12 @@ class BfcArena {
   // Frees an in-use chunk and coalesces it with free neighbours; the chunk's
   // reuse_after becomes at least `reuse_after`.
   void FreeChunk(ChunkHandle h, uint64_t reuse_after);
+  // Gives back the tail of in-use chunk `h` beyond its rounded request (the
+  // padding the split rule leaves, ShouldSplit) if it is at least
+  // `min_tail` bytes: the tail becomes a free chunk, merged with a free
+  // next chunk; `h` keeps its start, owner and request. Returns the bytes
+  // freed. Only the caller knows that nothing reads or writes the tail.
+  size_t TrimInUse(ChunkHandle h, size_t min_tail);
   // Takes the specific free chunk `h` for `rounded` bytes (splitting it as
   // FindChunk would). Used by defragmentation to choose destinations.
   ChunkHandle TakeFreeChunk(ChunkHandle h, size_t rounded, size_t requested,
@@ -132,6 +138,9 @@ class BfcArena {
   size_t bytes_in_use() const { return bytes_in_use_; }
   size_t peak_bytes_in_use() const { return peak_bytes_in_use_; }
   size_t largest_alloc_size() const { return largest_alloc_size_; }
+  // Padding (chunk size beyond the rounded request) of the in-use chunks
+  // that have an owner: what TrimInUse could give back from them.
+  size_t owned_padding() const { return owned_padding_; }
   size_t bytes_reserved() const { return total_region_allocated_bytes_; }
   size_t peak_bytes_reserved() const { return peak_bytes_reserved_; }
   int64_t num_allocs() const { return num_allocs_; }
@@ -243,6 +252,7 @@ class BfcArena {
   size_t bytes_in_use_ = 0;
   size_t peak_bytes_in_use_ = 0;
   size_t largest_alloc_size_ = 0;
+  size_t owned_padding_ = 0;
   int64_t num_allocs_ = 0;
   int64_t next_allocation_id_ = 1;
 

@@ -226,6 +226,13 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
     }
   }
 
+  // Padding inside chunks in use is room too, and giving it back copies
+  // nothing (padding.cc).
+  if (TrimPaddingLocked()) {
+    h = find(true);
+    if (h != BfcArena::kInvalidChunk) return done(h, AllocSource::kFree);
+  }
+
   // Copies started ahead of this request (StartEarlyPageOut) free the room
   // it was for: settle them oldest first, only as many as it takes, since
   // the compute stream (or the host) is ordered after each one settled.

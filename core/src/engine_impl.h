@@ -274,6 +274,11 @@ class Engine::Impl {
   bool Reclaimable(const Buffer* b) const;
   Status ReclaimInactive(size_t* bytes);
 
+  // ---- padding.cc ----
+  // While the engine follows a step's plan: gives back the padding of the
+  // chunks of resident buffers (BfcArena::TrimInUse). True if any.
+  bool TrimPaddingLocked();
+
   // ---- placement.cc ----
   // Where a large request made under pressure should go: a range at one end
   // of the tightest gap between chunks that cannot leave (active buffers, raw

@@ -50,6 +50,7 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"num_planned_prefetches", num_planned_prefetches},
       {"num_clean_evictions", num_clean_evictions},
       {"bytes_evicted_clean", bytes_evicted_clean},
+      {"bytes_padding_trimmed", bytes_padding_trimmed},
       {"num_prefetch_steps", num_prefetch_steps},
       {"prefetch_pins", prefetch_pins},
       {"prefetch_pins_in_order", prefetch_pins_in_order},

@@ -1272,6 +1272,79 @@ TEST(PrefetchPlanBringsAnEvictedTensorBackWhereItFits) {
   EXPECT(r.engine->GetStats().host_bytes_in_use == 0);
 }
 
+// One step of 32 MiB in one region: x, then A (6 MiB) and B (25 MiB); A is
+// freed and T (4 MiB) takes A's chunk whole, as TensorFlow's split rule has
+// it (the 2 MiB left are less than T), so C (2 MiB) finds no room although
+// the step's tensors hold 31 MiB. Returns the bytes paged out in the step.
+int64_t PaddedStep(Fixture& f, Buffer* x, int seed) {
+  Engine* e = f.engine_.get();
+  f.engine_->StepBegin();
+  void* p;
+  for (int i = 0; i < 20; ++i) {  // enough pins to trust the order
+    EXPECT_OK(e->Pin(x, &p));
+    f.device_->Compute(1e-3);
+    EXPECT_OK(e->Unpin(x));
+  }
+  const int64_t out_before = e->GetStats().bytes_reclaimed;
+  Status s;
+  Buffer* a = e->AllocateBuffer(6 * kMiB, true, &s, &p);
+  EXPECT_OK(s);
+  EXPECT_OK(e->Unpin(a));
+  Buffer* b = e->AllocateBuffer(25 * kMiB, true, &s, &p);
+  EXPECT_OK(s);
+  EXPECT_OK(e->Unpin(b));
+  EXPECT_OK(e->FreeBuffer(a));
+  Buffer* t = e->AllocateBuffer(4 * kMiB, true, &s, &p);
+  EXPECT_OK(s);
+  EXPECT_OK(e->Unpin(t));
+  const std::string b_bytes = Pattern(25 * kMiB, 40 + seed);
+  const std::string t_bytes = Pattern(4 * kMiB, 41 + seed);
+  const std::string c_bytes = Pattern(2 * kMiB, 42 + seed);
+  EXPECT_OK(e->WriteBuffer(b, 0, b_bytes.data(), b_bytes.size()));
+  EXPECT_OK(e->WriteBuffer(t, 0, t_bytes.data(), t_bytes.size()));
+  EXPECT_OK(e->Pin(t, &p));
+  Buffer* c = e->AllocateBuffer(2 * kMiB, true, &s, &p);
+  EXPECT_OK(s);
+  f.device_->Compute(1e-3);
+  EXPECT_OK(e->Unpin(t));
+  EXPECT_OK(e->Unpin(c));
+  EXPECT_OK(e->WriteBuffer(c, 0, c_bytes.data(), c_bytes.size()));
+  EXPECT(Holds(e, b, b_bytes));
+  EXPECT(Holds(e, t, t_bytes));
+  EXPECT(Holds(e, c, c_bytes));
+  const int64_t out = e->GetStats().bytes_reclaimed - out_before;
+  for (Buffer* d : {b, t, c}) EXPECT_OK(e->FreeBuffer(d));
+  return out;
+}
+
+TEST(PaddingMakesRoomBeforeAnyPageOutWhileAPlanIsFollowed) {
+  // Once the engine follows the step's plan, which counts T as 4 MiB and so
+  // evicts nothing, C gets T's padding instead of a page-out; without a plan
+  // (prefetch off) the padding stays and C pages something out.
+  for (bool prefetch : {true, false}) {
+    Fixture f(32 * kMiB, 64 * kMiB, true, false, prefetch, 0,
+              /*allow_growth=*/false);
+    Status s;
+    Buffer* x = f.engine_->AllocateBuffer(64 * 1024, false, &s);
+    EXPECT_OK(s);
+    for (int step = 0; step < 6; ++step) {
+      const int64_t trimmed = f.engine_->GetStats().bytes_padding_trimmed;
+      const int64_t out = PaddedStep(f, x, step);
+      const int64_t now = f.engine_->GetStats().bytes_padding_trimmed;
+      if (prefetch && step >= 2) {
+        EXPECT(out == 0);
+        EXPECT(now - trimmed == static_cast<int64_t>(2 * kMiB));
+      } else if (!prefetch) {
+        EXPECT(out > 0);
+        EXPECT(now == 0);
+      }
+    }
+    EXPECT_OK(f.engine_->FreeBuffer(x));
+    EXPECT_OK(f.engine_->CheckInvariants());
+    EXPECT(f.engine_->GetStats().host_bytes_in_use == 0);
+  }
+}
+
 TEST(PrefetchedTensorEvictedBeforeItsPinLeavesWithoutACopy) {
   // A prefetched buffer keeps the host copy it came from until its first
   // pin: evicted before that pin it needs no copy out. Once pinned (a

@@ -78,6 +78,9 @@ struct EngineStats {
   // left without a copy and without the host waiting.
   int64_t num_clean_evictions = 0;
   int64_t bytes_evicted_clean = 0;
+  // Padding given back from in-use chunks (padding.cc) when an allocation
+  // found no room while the engine followed a step's plan.
+  int64_t bytes_padding_trimmed = 0;
   // Step learning: steps told apart (StepBegin, or found from the step ids
   // at the pin sites), pins recorded, and those found in the learned order
   // near where the step had got to. A low share in order means the steps
