@@ -22,11 +22,11 @@
 // faster by 1-8.4% at 11 of them, slower by 1-1.7% at 3 and by 11% at
 // DenseNet201 batch 332 on the AC922, and InceptionV3 at batch 712 there
 // ran out of memory (a MaxPoolGrad's 3.9 GB output found its three inputs
-// pinned apart). Trimming every free chunk's
-// rest at allocation instead (splitting always, or whenever the rest is 2 MiB
-// or more) did the same to the 3D U-Net's 8 GB tensors with prefetch too
-// (UNet3D 272^3 on the DGX-1: 4.60 s -> 6.60 s always, 4.53 s from 2 MiB;
-// 400^3 on the A100-40: 9.66 s -> 10.70 s always, 10.46 s from 2 MiB).
+// pinned apart). Trimming every free chunk's rest at allocation instead
+// (splitting always, or whenever the rest is 2 MiB or more) did the same to
+// the 3D U-Net's 8 GB tensors with prefetch too (UNet3D 272^3 on the
+// DGX-1: 4.60 s -> 6.60 s always, 4.53 s from 2 MiB; 400^3 on the A100-40:
+// 9.66 s -> 10.70 s always, 10.46 s from 2 MiB).
 //
 // Invariants: runs under mu_ and moves no byte. Only chunks of buffers in
 // the resident state are trimmed: no copy is reading or writing them (page
