@@ -36,8 +36,6 @@
 // under kMinTail stay, as they would make slivers no request fits.
 // Raw allocations (no owner) are not trimmed: TensorFlow's tracking
 // allocators read their AllocatedSize at allocation and again at free.
-#include <vector>
-
 #include "engine_impl.h"
 
 namespace tflms {
@@ -53,29 +51,22 @@ bool Engine::Impl::TrimPaddingLocked() {
       arena_->owned_padding() < kMinTail || !FollowingPlan()) {
     return false;
   }
-  std::vector<BfcArena::ChunkHandle> padded;
+  // Trimming files each tail as the chunk after the trimmed one (free, so
+  // the walk passes over it); handles stay valid however the table grows.
+  size_t trimmed = 0;
   arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
     for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
          h = arena_->chunk(h)->next) {
       const BfcArena::Chunk* c = arena_->chunk(h);
       if (!c->in_use() || c->owner == nullptr) continue;
-      const Buffer* b = static_cast<const Buffer*>(c->owner);
+      Buffer* b = static_cast<Buffer*>(c->owner);
       if (b->state != BufferState::kResident) continue;
-      if (c->size - BfcArena::RoundedBytes(c->requested_size) >= kMinTail) {
-        padded.push_back(h);
-      }
+      const size_t tail = arena_->TrimInUse(h, kMinTail);
+      if (tail == 0) continue;
+      AddChunkBytes(b, -static_cast<int64_t>(tail));
+      trimmed += tail;
     }
   });
-  // Trimming splits chunks (and may grow the handle table), so the walk
-  // above only collects.
-  size_t trimmed = 0;
-  for (BfcArena::ChunkHandle h : padded) {
-    Buffer* b = static_cast<Buffer*>(arena_->chunk(h)->owner);
-    const size_t tail = arena_->TrimInUse(h, kMinTail);
-    if (tail == 0) continue;
-    AddChunkBytes(b, -static_cast<int64_t>(tail));
-    trimmed += tail;
-  }
   counters_.bytes_padding_trimmed += static_cast<int64_t>(trimmed);
   return trimmed > 0;
 }
