@@ -74,8 +74,13 @@ $(BUILD)/cuda_bench: bench/cuda_bench.cu $(CUDA_DEPS)
 	@mkdir -p $(BUILD)
 	$(NVCC) $(NVCCFLAGS) -o $@ bench/cuda_bench.cu core/src/cuda_device.cu $(CORE_SRCS)
 
-cuda-test: $(BUILD)/cuda_engine_test ## Build the CUDA backend with nvcc and run it (skips without a GPU)
+$(BUILD)/cuda_steps: bench/cuda_steps.cu $(CUDA_DEPS)
+	@mkdir -p $(BUILD)
+	$(NVCC) $(NVCCFLAGS) -o $@ bench/cuda_steps.cu core/src/cuda_device.cu $(CORE_SRCS)
+
+cuda-test: $(BUILD)/cuda_engine_test $(BUILD)/cuda_steps ## Build the CUDA backend with nvcc and run it (skips without a GPU)
 	$(BUILD)/cuda_engine_test
+	$(BUILD)/cuda_steps --sim 55 --steps 4 --label sim
 
 bench-cuda: $(BUILD)/cuda_bench ## On a GPU: copy bandwidth, overlap, VMM cost, training workload vs the planner (docs/results.md)
 	$(BUILD)/cuda_bench $(BUILD)/cuda_bench.json

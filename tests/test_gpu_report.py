@@ -55,6 +55,8 @@ def test_baseline_adds_a_column_and_the_long_run() -> None:
     base = json.loads(BASELINE.read_text())
     assert "engine before s" in md
     assert f"{base['long3x_prefetch_late_s']:.3f}" in md
+    # Unnamed, the baseline is not described beyond what is known.
+    assert "in the same session, over an earlier engine (" in md
 
 
 def test_not_a_bench_json_is_refused(tmp_path: Path) -> None:
@@ -75,11 +77,20 @@ def test_cli_keeps_the_measurements_and_renders_them(
     args = ["results", "--output", str(out), "--from-json", str(saved)]
     assert main([*args, "--gpu-baseline", str(BASELINE)]) == 2
     assert "needs --gpu-bench" in capsys.readouterr().err
-    assert main([*args, "--gpu-bench", str(BENCH), "--gpu-baseline", str(BASELINE)]) == 0
+    assert main([*args, "--gpu-engine", "commit abc"]) == 2
+    assert "--gpu-engine needs --gpu-bench" in capsys.readouterr().err
+    assert main([*args, "--gpu-bench", str(BENCH), "--gpu-baseline-engine", "commit abc"]) == 2
+    assert "--gpu-baseline-engine needs --gpu-baseline" in capsys.readouterr().err
+    named = ["--gpu-engine", "commit new1", "--gpu-baseline-engine", "commit old0 (run 1's)"]
+    bench_args = ["--gpu-bench", str(BENCH), "--gpu-baseline", str(BASELINE)]
+    assert main([*args, *bench_args, *named]) == 0
     kept = json.loads(saved.read_text())["gpu_measured"]
     assert kept["figures"]["device"] == "NVIDIA H200" and kept["baseline"]["figures"]
+    assert kept["engine"] == "commit new1"
     md = out.read_text()
     assert md.startswith(RESULTS_MARKER) and "## Measured on a GPU" in md
+    assert "lent for a few minutes, running the engine at commit new1 (" in md
+    assert "in the same session, over commit old0 (run 1's) ([" in md
     # Rendering again from the saved JSON alone keeps the section.
     assert main(args) == 0
     assert "## Measured on a GPU" in out.read_text()

@@ -187,6 +187,18 @@ def add_parsers(sub: Any) -> None:
         help="with --gpu-bench: the same benchmark over an earlier engine, shown beside it",
     )
     r.add_argument(
+        "--gpu-engine",
+        metavar="TEXT",
+        help="with --gpu-bench: which engine it measured, as the page should name it "
+        "(e.g. 'commit 5933cb4')",
+    )
+    r.add_argument(
+        "--gpu-baseline-engine",
+        metavar="TEXT",
+        help="with --gpu-baseline: which engine the baseline measured, as the page should "
+        "name it (e.g. 'the engine of the previous GPU run, commit 7c4d310')",
+    )
+    r.add_argument(
         "--calibrate",
         action="store_true",
         help="only print the compute efficiencies that match the published throughputs",
@@ -515,6 +527,10 @@ def cmd_results(args: argparse.Namespace) -> int:
         return _fail("--gpu-bench and --gpu-baseline go with --from-json")
     if args.gpu_baseline and not args.gpu_bench:
         return _fail("--gpu-baseline needs --gpu-bench")
+    if args.gpu_engine and not args.gpu_bench:
+        return _fail("--gpu-engine needs --gpu-bench")
+    if args.gpu_baseline_engine and not args.gpu_baseline:
+        return _fail("--gpu-baseline-engine needs --gpu-baseline")
     if args.gpu_bench:
         from tflms.planner.gpu_report import attach
 
@@ -524,6 +540,8 @@ def cmd_results(args: argparse.Namespace) -> int:
                 json.loads(saved.read_text(encoding="utf-8")),
                 Path(args.gpu_bench),
                 Path(args.gpu_baseline) if args.gpu_baseline else None,
+                engine=args.gpu_engine,
+                baseline_engine=args.gpu_baseline_engine,
             )
         except (OSError, ValueError) as exc:
             return _fail(f"cannot add the GPU measurements: {exc}")

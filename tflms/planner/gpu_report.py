@@ -131,10 +131,11 @@ def gpu_markdown(measured: dict[str, Any]) -> list[str]:
             f", PCIe gen {smi['pcie.link.gen.current']} x{smi.get('pcie.link.width.current', '?')}"
         )
     driver = f", driver {smi['driver_version']}" if smi.get("driver_version") else ""
+    engine = f", running the engine at {measured['engine']}" if measured.get("engine") else ""
     lines = [
         "## Measured on a GPU",
         "",
-        f"One {g['device']}{link}{driver}, lent for a few minutes "
+        f"One {g['device']}{link}{driver}, lent for a few minutes{engine} "
         f"(`make bench-cuda`; the raw output is [{Path(measured['file']).name}]"
         f"(gpu/{Path(measured['file']).name}) and its neighbours in docs/gpu/). "
         "These are measurements, not predictions. The CUDA engine tests "
@@ -259,9 +260,10 @@ def gpu_markdown(measured: dict[str, Any]) -> list[str]:
             long_headers += ["engine before: 3-6 s", "21-24 s"]
         lines += [table(long_headers, long_rows, markdown=True), ""]
     if base is not None:
+        before = measured["baseline"].get("engine") or "an earlier engine"
         lines += [
-            f"*engine before*: the same benchmark, in the same session, over the engine before "
-            f"the prefetch fixes of this change ([{Path(measured['baseline']['file']).name}]"
+            f"*engine before*: the same benchmark, in the same session, over {before} "
+            f"([{Path(measured['baseline']['file']).name}]"
             f"(gpu/{Path(measured['baseline']['file']).name})).",
             "",
         ]
@@ -275,11 +277,25 @@ def gpu_markdown(measured: dict[str, Any]) -> list[str]:
     return lines
 
 
-def attach(res: dict[str, Any], bench: Path, baseline: Path | None) -> dict[str, Any]:
-    """`res` with the benchmark (and the baseline run) kept under `gpu_measured`."""
+def attach(
+    res: dict[str, Any],
+    bench: Path,
+    baseline: Path | None,
+    engine: str | None = None,
+    baseline_engine: str | None = None,
+) -> dict[str, Any]:
+    """`res` with the benchmark (and the baseline run) kept under `gpu_measured`.
+
+    `engine` and `baseline_engine` say which engine each run measured (a commit, and why
+    it is the one compared); the page prints them as given.
+    """
     measured = load_bench(bench)
+    if engine:
+        measured["engine"] = engine
     if baseline is not None:
         measured["baseline"] = load_bench(baseline)
+        if baseline_engine:
+            measured["baseline"]["engine"] = baseline_engine
     res = dict(res)
     res["gpu_measured"] = measured
     return res
