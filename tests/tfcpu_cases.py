@@ -43,6 +43,7 @@ DEVICE_MEMORY = {
     "no_read": "8MiB",
     "slice_root": "8MiB",
     "keras_fit": "2368KiB",
+    "padding": "24MiB",
 }
 
 
@@ -500,6 +501,35 @@ def keras_fit(tf: Any) -> dict[str, Any]:
     }
 
 
+def padding(tf: Any) -> dict[str, Any]:
+    # Training steps whose activations are a few MiB each and of mixed sizes: a tensor
+    # that takes a free chunk less than twice its size leaves the rest inside its chunk
+    # (TensorFlow's split rule), padding the engine gives back while it follows the
+    # learned step's plan (core/src/padding.cc) before it pages anything out.
+    widths = [256, 1024, 384, 768, 512, 640, 16]
+    batch = 2048
+    x = tf.random.stateless_normal([batch, widths[0]], seed=[1, 2])
+    labels = tf.random.stateless_normal([batch, widths[-1]], seed=[3, 4])
+    weights = [
+        tf.Variable(tf.random.stateless_normal([a, b], seed=[5, i]) * (2.0 / a) ** 0.5)
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True))
+    ]
+
+    @tf.function
+    def step() -> Any:
+        with tf.GradientTape() as tape:
+            h = x
+            for w in weights[:-1]:
+                h = tf.nn.relu(tf.matmul(h, w))
+            loss = tf.reduce_mean(tf.square(tf.matmul(h, weights[-1]) - labels))
+        for w, g in zip(weights, tape.gradient(loss, weights), strict=True):
+            w.assign_sub(0.01 * g)
+        return loss
+
+    losses = [step() for _ in range(8)]
+    return {"values": _hex(losses)}
+
+
 CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "cnn": cnn,
     "rnn": rnn,
@@ -519,6 +549,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "no_read": no_read,
     "slice_root": slice_root,
     "keras_fit": keras_fit,
+    "padding": padding,
 }
 
 
