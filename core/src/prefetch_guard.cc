@@ -7,10 +7,11 @@
 // six times its device stepped 9% slower with it than paging on demand, and
 // in the TensorFlow-on-CPU harness at a quarter of the peak the Keras fit
 // took 4-6% longer. Which one wins depends on the model, the batch and the
-// machine, and only timing the steps says it. So, once a step is learned,
-// the guard runs kTrialSteps steps with prefetch and kTrialSteps without,
-// times each (the first of each run is a transition: buffers prefetched, or
-// still resident, from the other mode), and keeps the faster. After
+// machine, and only timing the steps says it. So, once kSettleSteps steps
+// are learned, the guard runs kTrialSteps steps with prefetch and kTrialSteps
+// without, times each (the first of each run is a transition: buffers
+// prefetched, or still resident, from the other mode), and keeps the
+// faster. After
 // kHoldSteps steps in the kept mode it tries the other one again for
 // kTrialSteps steps against the kept mode's last kMeasuredSteps, since the
 // data, the learning rate or other processes can change the answer.
@@ -42,6 +43,12 @@
 namespace tflms {
 namespace {
 
+// Steps the prefetcher learns before the first trial: its first learned
+// steps still change its plan from step to step, and one such step can be
+// far slower than the rest (InceptionV3 at batch 356 on the DGX-1: 4.37 s
+// for its third step, 3.31-3.36 s for the others, a fragment reclaim paging
+// in 8 GB more), which a trial that timed it would blame on prefetch.
+constexpr int kSettleSteps = 4;
 constexpr int kTrialSteps = 3;     // steps run in a mode to time it
 constexpr int kMeasuredSteps = 2;  // the last ones, which are timed
 constexpr int kHoldSteps = 50;     // steps in the kept mode between trials
@@ -74,8 +81,11 @@ void Engine::Impl::GuardStepEndedLocked(double at) {
   };
   switch (g.phase) {
     case Phase::kWaiting:
-      // The step just recorded gives the next one an order to follow.
-      if (!prefetch_.library.empty()) enter(Phase::kTrialOn, false);
+      // Prefetch runs from the first learned step; it is timed once its
+      // plan has settled.
+      if (counters_.num_prefetch_steps >= kSettleSteps) {
+        enter(Phase::kTrialOn, false);
+      }
       break;
     case Phase::kTrialOn:
       if (phase_done(kTrialSteps)) {

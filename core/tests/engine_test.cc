@@ -2249,9 +2249,10 @@ TEST(PrefetchGuardKeepsTheFasterModeOfEachWorkload) {
       runs[mode] = RunModelledWorkload(shape, device, mode > 0, mode == 2);
       if (runs[mode].step_seconds.size() != 24) return;
     }
-    // Steps 9-24: after the trials (steps 2-4 with prefetch, 5-7 without).
+    // Steps 12-24: after the trials (steps 5-7 with prefetch, 8-10
+    // without; prefetch runs steps 2-4 before, while its plan settles).
     auto late = [](const workload::Result& r) {
-      std::vector<double> v(r.step_seconds.begin() + 8, r.step_seconds.end());
+      std::vector<double> v(r.step_seconds.begin() + 11, r.step_seconds.end());
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
@@ -2264,23 +2265,23 @@ TEST(PrefetchGuardKeepsTheFasterModeOfEachWorkload) {
                 static_cast<long long>(runs[2].stats.num_prefetch_paused_steps));
     EXPECT(prefetch_wins == (x == 3));  // the premise of the two cases
     EXPECT(guarded <= std::min(on_demand, prefetch) * 1.01);
-    // The trial's three steps, and at 6x every step after it too (steps 5-23:
+    // The trial's three steps, and at 6x every step after it too (steps 8-23:
     // a step is counted when the next begins).
-    EXPECT(runs[2].stats.num_prefetch_paused_steps == (x == 3 ? 3 : 19));
+    EXPECT(runs[2].stats.num_prefetch_paused_steps == (x == 3 ? 3 : 16));
     EXPECT(runs[1].stats.num_prefetch_paused_steps == 0);
   }
   // Every 50 steps the guard tries the other mode again for three steps and
-  // goes back when it is not faster: at 6x over 64 steps, paused in 5-57,
-  // prefetch tried in 58-60, paused again from 61 (64 not ended).
-  const workload::Shape longer(32, 256 * kMiB, 32 * kMiB, 64, 2e-3, 4e-3);
+  // goes back when it is not faster: at 6x over 70 steps, paused in 8-60,
+  // prefetch tried in 61-63, paused again from 64 (70 not ended).
+  const workload::Shape longer(32, 256 * kMiB, 32 * kMiB, 70, 2e-3, 4e-3);
   const workload::Result r = RunModelledWorkload(
       longer, peak / 6 / (64 * kMiB) * (64 * kMiB), true, true);
-  EXPECT(r.stats.num_prefetch_paused_steps == 53 + 3);
-  if (r.step_seconds.size() == 64) {
-    const double paused = r.step_seconds[50], probed = r.step_seconds[59];
-    const double again = r.step_seconds[62];
-    std::printf("  6x, 64 steps: step 51 %.3f s, 60 (prefetch tried) %.3f s, "
-                "63 %.3f s\n", paused, probed, again);
+  EXPECT(r.stats.num_prefetch_paused_steps == 53 + 6);
+  if (r.step_seconds.size() == 70) {
+    const double paused = r.step_seconds[50], probed = r.step_seconds[62];
+    const double again = r.step_seconds[66];
+    std::printf("  6x, 70 steps: step 51 %.3f s, 63 (prefetch tried) %.3f s, "
+                "67 %.3f s\n", paused, probed, again);
     EXPECT(probed > paused * 1.02 && again <= paused * 1.01);
   }
 }

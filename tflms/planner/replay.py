@@ -352,6 +352,9 @@ class EngineConfig:
     # Off by default, as in the patched TensorFlow (opt-in there with TF_LMS_PREFETCH=1:
     # docs/how-it-works.md, Prefetch).
     prefetch: bool = False
+    # The engine's experimental prefetch guard (core/src/prefetch_guard.cc): with prefetch,
+    # times steps with and without it once learned and keeps the faster mode.
+    prefetch_guard: bool = False
     defrag: bool = False
     prefetch_lookahead: int = 256
     prefetch_budget: int = 0
@@ -378,6 +381,8 @@ class EngineConfig:
         if not self.lms:
             return "no LMS"
         parts = ["LMS", PREFETCH_LABEL if self.prefetch else "on-demand"]
+        if self.prefetch and self.prefetch_guard:
+            parts.append("guard")
         if self.defrag:
             parts.append("defrag")
         if self.fixed_addresses:
@@ -480,6 +485,7 @@ def make_engine(config: EngineConfig, gpu: GpuModel) -> Any:
         defrag=config.defrag,
         backend="sim",
         prefetch=config.prefetch and config.lms,
+        prefetch_guard=config.prefetch_guard and config.prefetch and config.lms,
         prefetch_budget=config.prefetch_budget,
         prefetch_lookahead=config.prefetch_lookahead,
         allow_growth=config.allow_growth,
