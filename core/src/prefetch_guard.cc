@@ -82,10 +82,9 @@ void Engine::Impl::GuardStepEndedLocked(double at) {
   switch (g.phase) {
     case Phase::kWaiting:
       // Prefetch runs from the first learned step; it is timed once its
-      // plan has settled.
-      if (counters_.num_prefetch_steps >= kSettleSteps) {
-        enter(Phase::kTrialOn, false);
-      }
+      // plan has settled. Counted here, not read from num_prefetch_steps,
+      // which ClearStats resets.
+      if (phase_done(kSettleSteps)) enter(Phase::kTrialOn, false);
       break;
     case Phase::kTrialOn:
       if (phase_done(kTrialSteps)) {
