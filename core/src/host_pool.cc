@@ -1,6 +1,7 @@
 // Copyright 2026 The tflms Authors. Licensed under the Apache License 2.0.
 #include "host_pool.h"
 
+#include <algorithm>
 #include <string>
 
 namespace tflms {
@@ -10,7 +11,7 @@ constexpr size_t kUnlimited = size_t{1} << 62;
 }  // namespace
 
 HostPool::HostPool(Device* device, size_t limit)
-    : limit_(limit), sub_(device) {
+    : device_(device), limit_(limit), sub_(device) {
   BfcArena::Options options;
   options.memory_limit = limit == 0 ? kUnlimited : limit;
   options.allow_growth = true;
@@ -32,7 +33,9 @@ void* HostPool::Allocate(size_t bytes, Status* status) {
   if (h == BfcArena::kInvalidChunk && arena_->Extend(rounded)) {
     h = arena_->FindChunk(rounded, bytes, nullptr);
   }
-  if (h == BfcArena::kInvalidChunk) {
+  if (h != BfcArena::kInvalidChunk) return arena_->chunk(h)->ptr;
+  void* scattered = AllocateScatteredLocked(rounded);
+  if (scattered == nullptr) {
     *status = ResourceExhausted(
         "LMS host memory pool is full: " + std::to_string(rounded) +
         " bytes needed, " + std::to_string(arena_->bytes_in_use()) +
@@ -42,13 +45,105 @@ void* HostPool::Allocate(size_t bytes, Status* status) {
         "host_memory_limit) to give reclaimed tensors more room.");
     return nullptr;
   }
-  return arena_->chunk(h)->ptr;
+  return scattered;
 }
 
-void HostPool::Free(void* ptr) {
+void* HostPool::AllocateScatteredLocked(size_t rounded) {
+  const size_t growth = arena_->memory_limit() - arena_->bytes_reserved();
+  if (arena_->TotalFreeBytes() + growth < rounded) return nullptr;
+  std::vector<Piece> pieces;
+  size_t left = rounded;
+  while (left > 0 && pieces.size() < kMaxPieces) {
+    // A new region first where the limit leaves room: it may hold the rest
+    // whole, where the old regions' holes would split it further.
+    const size_t unit = BfcArena::RoundedBytes(1);
+    const size_t room = arena_->memory_limit() - arena_->bytes_reserved();
+    const size_t grow = std::min(left, room) / unit * unit;
+    if (arena_->LargestFreeChunk() < left && grow > 0) arena_->Extend(grow);
+    // Chunk sizes and `left` are multiples of the arena's rounding, so the
+    // piece is exactly the chunk FindChunk returns (the pool always splits).
+    const size_t take = std::min(arena_->LargestFreeChunk(), left);
+    if (take == 0) break;
+    BfcArena::ChunkHandle h = arena_->FindChunk(take, take, nullptr);
+    if (h == BfcArena::kInvalidChunk) break;
+    pieces.push_back({arena_->chunk(h)->ptr, take});
+    left -= take;
+  }
+  if (left > 0) {
+    for (const Piece& p : pieces) arena_->FreeChunk(arena_->HandleFor(p.ptr), 0);
+    return nullptr;
+  }
+  void* handle = pieces.front().ptr;
+  scattered_.emplace(handle, std::move(pieces));
+  return handle;
+}
+
+void HostPool::Free(void* handle) {
   std::lock_guard<std::mutex> lock(mu_);
-  BfcArena::ChunkHandle h = arena_->HandleFor(ptr);
+  auto it = scattered_.find(handle);
+  if (it != scattered_.end()) {
+    for (const Piece& p : it->second) {
+      arena_->FreeChunk(arena_->HandleFor(p.ptr), 0);
+    }
+    scattered_.erase(it);
+    return;
+  }
+  BfcArena::ChunkHandle h = arena_->HandleFor(handle);
   if (h != BfcArena::kInvalidChunk) arena_->FreeChunk(h, 0);
+}
+
+std::vector<HostPool::Piece> HostPool::PiecesFor(const void* handle,
+                                                 size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = scattered_.find(handle);
+  if (it == scattered_.end()) {
+    return {{static_cast<char*>(const_cast<void*>(handle)), bytes}};
+  }
+  return it->second;
+}
+
+size_t HostPool::PiecesOf(const void* handle) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = scattered_.find(handle);
+  return it == scattered_.end() ? 1 : it->second.size();
+}
+
+Status HostPool::CopyToHost(Stream* stream, void* handle,
+                            const void* device_src, size_t bytes) {
+  return CopyPieces(stream, /*to_host=*/true,
+                    static_cast<char*>(const_cast<void*>(device_src)), handle,
+                    bytes);
+}
+
+Status HostPool::CopyToDevice(Stream* stream, void* device_dst,
+                              const void* handle, size_t bytes) {
+  return CopyPieces(stream, /*to_host=*/false, static_cast<char*>(device_dst),
+                    handle, bytes);
+}
+
+Status HostPool::CopyPieces(Stream* stream, bool to_host, char* device,
+                            const void* handle, size_t bytes) {
+  size_t enqueued = 0;
+  for (const Piece& p : PiecesFor(handle, bytes)) {
+    if (bytes == 0) break;
+    const size_t n = std::min(p.bytes, bytes);
+    Status s = to_host ? device_->CopyDeviceToHost(stream, p.ptr, device, n)
+                       : device_->CopyHostToDevice(stream, device, p.ptr, n);
+    if (!s.ok()) {
+      // The callers free or reuse both sides of a copy that failed to
+      // enqueue; pieces already enqueued must not still be running then.
+      if (enqueued > 0) {
+        Status ignored;
+        EventRef drained = device_->RecordEvent(stream, &ignored);
+        if (drained) device_->SynchronizeEvent(drained);
+      }
+      return s;
+    }
+    ++enqueued;
+    device += n;
+    bytes -= n;
+  }
+  return Status::Ok();
 }
 
 size_t HostPool::bytes_in_use() const {

@@ -287,7 +287,7 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
       continue;
     }
     s = OrderAfterUses(d2h, c.last_use, c.ready);
-    if (s.ok()) s = device_->CopyDeviceToHost(d2h, c.host, c.src, c.size);
+    if (s.ok()) s = host_pool_->CopyToHost(d2h, c.host, c.src, c.size);
     if (!s.ok()) {
       host_pool_->Free(c.host);
       c.host = nullptr;
@@ -374,7 +374,7 @@ void Engine::Impl::StartEarlyPageOut(std::unique_lock<std::mutex>& lock,
   if (status.ok()) host = host_pool_->Allocate(size, &status);
   if (status.ok()) status = OrderAfterUses(d2h, last_use, ready);
   bool copy_enqueued = false;
-  if (status.ok()) status = device_->CopyDeviceToHost(d2h, host, src, size);
+  if (status.ok()) status = host_pool_->CopyToHost(d2h, host, src, size);
   if (status.ok()) {
     copy_enqueued = true;
     done = device_->RecordEvent(d2h, &status);
@@ -557,7 +557,7 @@ Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
                                  &status);
   }
   if (status.ok() && after) status = device_->WaitEvent(h2d, after);
-  if (status.ok()) status = device_->CopyHostToDevice(h2d, dst, host, size);
+  if (status.ok()) status = host_pool_->CopyToDevice(h2d, dst, host, size);
   EventRef ready;
   if (status.ok()) ready = device_->RecordEvent(h2d, &status);
 

@@ -511,6 +511,94 @@ TEST(HostPoolFullFailsCleanly) {
   EXPECT(f.engine_->GetStats().host_bytes_in_use == 0);
 }
 
+TEST(HostPoolScattersACopyNoChunkHolds) {
+  // 824 KiB of a 1 MiB pool are free, in a 400 KiB and a 424 KiB hole: a
+  // 700 KiB copy goes into both, round-trips its bytes, and frees both.
+  SimOptions so;
+  so.device_memory = 1 * kMiB;
+  SimDevice device(so);
+  HostPool pool(&device, 1 * kMiB);
+  Status s;
+  void* a = pool.Allocate(400 * 1024, &s);
+  void* b = pool.Allocate(200 * 1024, &s);
+  void* c = pool.Allocate(400 * 1024, &s);
+  EXPECT(a != nullptr && b != nullptr && c != nullptr);
+  pool.Free(a);
+  pool.Free(c);
+  const size_t kBig = 700 * 1024 + 100;  // not a multiple of the rounding
+  // More than is free fails and leaves the pool as it was.
+  EXPECT(pool.Allocate(825 * 1024, &s) == nullptr);
+  EXPECT(s.code() == Code::kResourceExhausted);
+  EXPECT(pool.bytes_in_use() == 200 * 1024);
+  s = Status::Ok();
+  void* d = pool.Allocate(kBig, &s);
+  EXPECT_OK(s);
+  EXPECT(d != nullptr);
+  EXPECT(pool.PiecesOf(d) == 2);
+  EXPECT(pool.PiecesOf(b) == 1);
+  const std::string bytes = Pattern(kBig, 7);
+  char* dev = static_cast<char*>(device.AllocateDeviceMemory(kMiB, 256));
+  EXPECT_OK(device.WriteDeviceSync(dev, bytes.data(), kBig));
+  Stream* d2h = device.GetStream(StreamKind::kDeviceToHost);
+  Stream* h2d = device.GetStream(StreamKind::kHostToDevice);
+  EXPECT_OK(pool.CopyToHost(d2h, d, dev, kBig));
+  EventRef out = device.RecordEvent(d2h, &s);
+  EXPECT_OK(device.SynchronizeEvent(out));
+  EXPECT_OK(device.WriteDeviceSync(dev, std::string(kBig, 'x').data(), kBig));
+  EXPECT_OK(pool.CopyToDevice(h2d, dev + 256, d, kBig));
+  EventRef in = device.RecordEvent(h2d, &s);
+  EXPECT_OK(device.SynchronizeEvent(in));
+  std::string back(kBig, '\0');
+  EXPECT_OK(device.ReadDeviceSync(back.data(), dev + 256, kBig));
+  EXPECT(back == bytes);
+  device.FreeDeviceMemory(dev, kMiB);
+  pool.Free(d);
+  EXPECT(pool.bytes_in_use() == 200 * 1024);
+  // Both holes are whole again: the largest request that fits one still
+  // takes a single chunk.
+  void* e = pool.Allocate(424 * 1024, &s);
+  EXPECT(e != nullptr && pool.PiecesOf(e) == 1);
+  pool.Free(e);
+  pool.Free(b);
+  EXPECT(pool.bytes_in_use() == 0);
+}
+
+TEST(PageOutScattersOverAFragmentedHostPool) {
+  // The engine's page-out and page-in go through a scattered host copy
+  // unchanged: A, B and C go to the host in that order, A and C are freed,
+  // and D (700 KiB) fits only in both holes together.
+  Fixture f(1 * kMiB, 1 * kMiB);
+  Status s;
+  std::vector<Buffer*> abc;
+  for (size_t size : {400 * 1024, 200 * 1024, 400 * 1024}) {
+    abc.push_back(f.engine_->AllocateBuffer(size, false, &s));
+    EXPECT_OK(s);
+    const std::string p = Pattern(size, static_cast<uint32_t>(size / 1024));
+    EXPECT_OK(f.engine_->WriteBuffer(abc.back(), 0, p.data(), size));
+  }
+  size_t reclaimed = 0;
+  EXPECT_OK(f.engine_->ReclaimInactive(&reclaimed));
+  // Chunk bytes: the device's split rule leaves C the region's 24 KiB tail.
+  EXPECT(reclaimed >= 1000 * 1024);
+  EXPECT_OK(f.engine_->FreeBuffer(abc[0]));
+  EXPECT_OK(f.engine_->FreeBuffer(abc[2]));
+  Buffer* d = f.engine_->AllocateBuffer(700 * 1024, false, &s);
+  EXPECT_OK(s);
+  const std::string dbytes = Pattern(700 * 1024, 99);
+  EXPECT_OK(f.engine_->WriteBuffer(d, 0, dbytes.data(), dbytes.size()));
+  EXPECT_OK(f.engine_->ReclaimInactive(&reclaimed));
+  EXPECT(f.engine_->GetBufferState(d) == BufferState::kReclaimed);
+  EXPECT(f.engine_->GetStats().host_bytes_in_use == 900 * 1024);
+  EXPECT_OK(f.engine_->CheckInvariants());
+  EXPECT(Holds(f.engine_.get(), d, dbytes));  // pins it: a page-in
+  EXPECT(Holds(f.engine_.get(), abc[1],
+               Pattern(200 * 1024, 200)));
+  EXPECT_OK(f.engine_->FreeBuffer(d));
+  EXPECT_OK(f.engine_->FreeBuffer(abc[1]));
+  EXPECT(f.engine_->GetStats().host_bytes_in_use == 0);
+  EXPECT_OK(f.engine_->CheckInvariants());
+}
+
 TEST(HostPoolSplitsAFreedChunkForASmallerRequest) {
   // TensorFlow's split rule gives a request a whole free chunk when the
   // chunk is under twice the request and the rest under 128 MB: here the
