@@ -5,6 +5,8 @@
 //     host (synchronous access), paged out and in, defragmented;
 //   * fixed-address round trip: the same over CUDA virtual memory
 //     management, every buffer back at its own address;
+//   * scattered host copy: a page-out into a host pool whose free bytes lie
+//     in two holes, DMA'd in two pieces and paged back in from them;
 //   * training workload (training_workload.h): CUDA kernels on the engine's
 //     compute stream write and check every word while the engine pages,
 //     prefetches, defragments or remaps behind them, the host running ahead
@@ -78,6 +80,52 @@ void RoundTrip(CudaDevice* device) {
              std::to_string(st.bytes_reclaimed) + " bytes reclaimed, " +
              std::to_string(st.bytes_paged_in) + " paged in, " +
              std::to_string(moved) + " defragmented");
+}
+
+void ScatteredHostCopy(CudaDevice* device) {
+  // A, B, C go to the host in that order and A and C are freed: the 1 MiB
+  // host pool's free 824 KiB are two holes, and D (700 KiB) needs both.
+  EngineOptions options;
+  options.memory_limit = kMiB;
+  options.host_memory_limit = kMiB;
+  options.verify_pins = true;
+  Engine engine(device, options);
+  Status status = engine.Init();
+  if (!status.ok()) return Report("scattered host copy", false, status.ToString());
+  std::vector<Buffer*> abc;
+  std::vector<std::string> data;
+  int corrupt = 0;
+  for (size_t size : {400 * 1024, 200 * 1024, 400 * 1024}) {
+    abc.push_back(engine.AllocateBuffer(size, false, &status));
+    if (abc.back() == nullptr) return Report("scattered host copy", false, status.ToString());
+    data.emplace_back(size, static_cast<char>(size / 1024));
+    if (!engine.WriteBuffer(abc.back(), 0, data.back().data(), size).ok()) ++corrupt;
+  }
+  size_t reclaimed = 0;
+  if (!engine.ReclaimInactive(&reclaimed).ok()) ++corrupt;
+  engine.FreeBuffer(abc[0]);
+  engine.FreeBuffer(abc[2]);
+  Buffer* d = engine.AllocateBuffer(700 * 1024, false, &status);
+  if (d == nullptr) return Report("scattered host copy", false, status.ToString());
+  std::string dbytes(700 * 1024, '\0');
+  for (size_t i = 0; i < dbytes.size(); ++i) dbytes[i] = static_cast<char>(i * 131 + 7);
+  if (!engine.WriteBuffer(d, 0, dbytes.data(), dbytes.size()).ok()) ++corrupt;
+  status = engine.ReclaimInactive(&reclaimed);
+  const bool paged_out = status.ok() &&
+                         engine.GetBufferState(d) == BufferState::kReclaimed &&
+                         engine.GetStats().host_bytes_in_use == 900 * 1024;
+  std::string got(dbytes.size(), '\0');
+  if (!engine.ReadBuffer(d, 0, &got[0], got.size()).ok() || got != dbytes) ++corrupt;
+  got.assign(data[1].size(), '\0');
+  if (!engine.ReadBuffer(abc[1], 0, &got[0], got.size()).ok() || got != data[1]) ++corrupt;
+  const bool invariants_ok = engine.CheckInvariants().ok();
+  engine.FreeBuffer(d);
+  engine.FreeBuffer(abc[1]);
+  Report("scattered host copy",
+         paged_out && corrupt == 0 && invariants_ok &&
+             engine.GetStats().host_bytes_in_use == 0,
+         std::string(paged_out ? "paged out in pieces" : "NOT paged out: " + status.ToString()) +
+             ", " + std::to_string(corrupt) + " corrupt");
 }
 
 void FixedAddressRoundTrip(CudaDevice* device) {
@@ -195,6 +243,7 @@ int main() {
     return 1;
   }
   RoundTrip(device.get());
+  ScatteredHostCopy(device.get());
   FixedAddressRoundTrip(device.get());
   Workload(device.get(), stream, "workload, on demand", false, false, false);
   Workload(device.get(), stream, "workload, prefetch", true, false, false);
