@@ -78,7 +78,11 @@ $(BUILD)/cuda_steps: bench/cuda_steps.cu $(CUDA_DEPS)
 	@mkdir -p $(BUILD)
 	$(NVCC) $(NVCCFLAGS) -o $@ bench/cuda_steps.cu core/src/cuda_device.cu $(CORE_SRCS)
 
-cuda-test: $(BUILD)/cuda_engine_test $(BUILD)/cuda_steps ## Build the CUDA backend with nvcc and run it (skips without a GPU)
+$(BUILD)/cuda_copy_lanes: bench/cuda_copy_lanes.cu
+	@mkdir -p $(BUILD)
+	$(NVCC) $(NVCCFLAGS) -o $@ bench/cuda_copy_lanes.cu
+
+cuda-test: $(BUILD)/cuda_engine_test $(BUILD)/cuda_steps $(BUILD)/cuda_copy_lanes ## Build the CUDA backend with nvcc and run it (skips without a GPU)
 	$(BUILD)/cuda_engine_test
 	$(BUILD)/cuda_steps --sim 55 --steps 4 --label sim
 

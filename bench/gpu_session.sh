@@ -12,7 +12,7 @@ mkdir -p "$out"
   nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,clocks.sm,clocks.mem --format=csv
   nproc; free -g | head -2
 } 2>&1 | tee "$out/machine.txt"
-for b in cuda_engine_test cuda_bench cuda_steps; do
+for b in cuda_engine_test cuda_bench cuda_steps cuda_copy_lanes; do
   [ -x build/$b ] || make -s build/$b NVCC_ARCH=-arch=sm_90 || exit 1
 done
 echo "== CUDA engine tests"
@@ -21,6 +21,8 @@ test_rc=${PIPESTATUS[0]}
 echo "== CUDA benchmark"
 timeout 300 build/cuda_bench --sections "${SECTIONS:-1234567}" "$out/cuda_bench.json" 2>&1 | tee "$out/cuda_bench.txt"
 bench_rc=${PIPESTATUS[0]}
+echo "== An urgent copy behind a long one, by stream and by feeding (bench/cuda_copy_lanes.cu)"
+timeout 60 build/cuda_copy_lanes "$out/copy_lanes.json" 2>&1 | tee "$out/copy_lanes.txt"
 echo "== Step by step (balanced workload at 3x, 32 steps, prefetch and on demand)"
 { timeout 60 build/cuda_steps --label prefetch; timeout 60 build/cuda_steps --on-demand --label ondemand; } >"$out/steps.txt" 2>&1
 tail -3 "$out/steps.txt"
