@@ -323,6 +323,20 @@ def test_padding_given_back_inside_tensorflow_keeps_values() -> None:
     assert on_demand["stats"]["bytes_padding_trimmed"] == 0
 
 
+def test_page_out_scattered_over_a_fragmented_host_side_keeps_values() -> None:
+    # A 1 MiB host side whose free bytes are two holes of 400 and 424 KiB: a 700 KiB
+    # tensor's page-out is copied in two pieces and paged back in from them, inside
+    # TensorFlow, with every pin verified and the values bit-identical to stock. The
+    # add-on's fixed-address mode pages in through the same pieces.
+    stock = stock_output("host_pieces")
+    for mode in ("lms", "fixed"):
+        result = run_case("host_pieces", mode)
+        assert program_output(result) == {**stock, "scattered": 1}, mode
+        assert result["stats"]["num_scattered_host_copies"] == 1, result["stats"]
+        assert result["stats"]["host_peak_bytes_in_use"] <= 1 << 20
+        assert result["stats"]["num_ooms"] == 0
+
+
 def test_keras_fit_learns_its_steps_and_prefetch_hits() -> None:
     # Issue 11: Keras fit over a tf.data pipeline, with validation and a callback's
     # eager ops between steps, at a fraction of its peak. Nothing marks its steps: the

@@ -44,7 +44,12 @@ DEVICE_MEMORY = {
     "slice_root": "8MiB",
     "keras_fit": "2368KiB",
     "padding": "24MiB",
+    "host_pieces": "8MiB",
 }
+
+# Host memory for reclaimed bytes per case (TF_GPU_HOST_MEM_LIMIT_IN_MB's role): 1 GiB,
+# more than any case needs, except where the case is about the host side.
+HOST_MEMORY: dict[str, str] = {"host_pieces": "1MiB"}
 
 
 def _setup(case: str, mode: str) -> Any:
@@ -58,9 +63,10 @@ def _setup(case: str, mode: str) -> Any:
         import tflms.tfcpu as tc
 
         memory = os.environ.get("TFCPU_DEVICE_MEMORY", DEVICE_MEMORY[case])
+        host = os.environ.get("TFCPU_HOST_MEMORY", HOST_MEMORY.get(case, "1GiB"))
         tc.enable(
             device_memory=memory,
-            host_memory="1GiB",
+            host_memory=host,
             defrag=mode == "defrag",
             prefetch=mode in ("prefetch", "guarded"),
             # "prefetch" tests prefetch itself in every step; "guarded" lets the
@@ -530,6 +536,30 @@ def padding(tf: Any) -> dict[str, Any]:
     return {"values": _hex(losses)}
 
 
+def host_pieces(tf: Any) -> dict[str, Any]:
+    # A host side whose free bytes lie in two holes, neither large enough for the next
+    # page-out: a, b and c go to the host in that order, a and c are freed, and d (700
+    # KiB) fits only in both holes together, as a copy in two pieces (host_pool.cc).
+    import tflms.tfcpu as tc
+
+    lms = tc.enabled() and "num_scattered_host_copies" in tc.stats()
+    kib = 256  # float32 elements per KiB
+    a = tf.fill([400 * kib], 1.0)
+    b = tf.range(200 * kib, dtype=tf.float32)
+    c = tf.fill([400 * kib], 3.0)
+    if lms:
+        tc.reclaim_inactive()
+    del a, c
+    d = tf.range(700 * kib, dtype=tf.float32) * 0.5
+    if lms:
+        tc.reclaim_inactive()
+    scattered = tc.stats()["num_scattered_host_copies"] if lms else None
+    # Read back: the pins page d in from its two pieces (verified against its last
+    # unpin's bytes), and b from its one.
+    values = [tf.reduce_sum(d), tf.reduce_max(d), tf.reduce_sum(b)]
+    return {"values": _hex(values), "scattered": scattered}
+
+
 CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "cnn": cnn,
     "rnn": rnn,
@@ -550,6 +580,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "slice_root": slice_root,
     "keras_fit": keras_fit,
     "padding": padding,
+    "host_pieces": host_pieces,
 }
 
 

@@ -75,6 +75,7 @@ void* HostPool::AllocateScatteredLocked(size_t rounded) {
   }
   void* handle = pieces.front().ptr;
   scattered_.emplace(handle, std::move(pieces));
+  ++num_scattered_;
   return handle;
 }
 
@@ -156,9 +157,15 @@ size_t HostPool::peak_bytes_in_use() const {
   return arena_->peak_bytes_in_use();
 }
 
+size_t HostPool::num_scattered() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return num_scattered_;
+}
+
 void HostPool::ClearStats() {
   std::lock_guard<std::mutex> lock(mu_);
   arena_->ClearStats();
+  num_scattered_ = 0;
 }
 
 }  // namespace tflms

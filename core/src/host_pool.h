@@ -66,7 +66,10 @@ class HostPool {
   size_t limit() const { return limit_; }
   size_t bytes_in_use() const;
   size_t peak_bytes_in_use() const;
-  // Restarts the peak from the bytes in use now (Engine::ClearStats).
+  // Copies scattered since the last ClearStats.
+  size_t num_scattered() const;
+  // Restarts the peak from the bytes in use now and the scattered count
+  // (Engine::ClearStats).
   void ClearStats();
 
  private:
@@ -107,6 +110,7 @@ class HostPool {
   std::unique_ptr<BfcArena> arena_;  // guarded by mu_
   // Scattered copies by handle (their first piece's address); guarded by mu_.
   std::unordered_map<const void*, std::vector<Piece>> scattered_;
+  size_t num_scattered_ = 0;  // guarded by mu_
 };
 
 }  // namespace tflms

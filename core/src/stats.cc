@@ -39,6 +39,7 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"host_bytes_in_use", host_bytes_in_use},
       {"host_peak_bytes_in_use", host_peak_bytes_in_use},
       {"host_bytes_limit", host_bytes_limit},
+      {"num_scattered_host_copies", num_scattered_host_copies},
       {"num_defragmentations", num_defragmentations},
       {"bytes_defragged", bytes_defragged},
       {"num_prefetches", num_prefetches},
@@ -142,6 +143,8 @@ EngineStats Engine::Impl::GetStats() const {
   s.host_peak_bytes_in_use =
       static_cast<int64_t>(host_pool_->peak_bytes_in_use());
   s.host_bytes_limit = static_cast<int64_t>(host_pool_->limit());
+  s.num_scattered_host_copies =
+      static_cast<int64_t>(host_pool_->num_scattered());
   if (fixed_) FillFixedStats(&s);
   return s;
 }

@@ -536,6 +536,7 @@ TEST(HostPoolScattersACopyNoChunkHolds) {
   EXPECT(d != nullptr);
   EXPECT(pool.PiecesOf(d) == 2);
   EXPECT(pool.PiecesOf(b) == 1);
+  EXPECT(pool.num_scattered() == 1);
   const std::string bytes = Pattern(kBig, 7);
   char* dev = static_cast<char*>(device.AllocateDeviceMemory(kMiB, 256));
   EXPECT_OK(device.WriteDeviceSync(dev, bytes.data(), kBig));
@@ -589,6 +590,7 @@ TEST(PageOutScattersOverAFragmentedHostPool) {
   EXPECT_OK(f.engine_->ReclaimInactive(&reclaimed));
   EXPECT(f.engine_->GetBufferState(d) == BufferState::kReclaimed);
   EXPECT(f.engine_->GetStats().host_bytes_in_use == 900 * 1024);
+  EXPECT(f.engine_->GetStats().num_scattered_host_copies == 1);
   EXPECT_OK(f.engine_->CheckInvariants());
   EXPECT(Holds(f.engine_.get(), d, dbytes));  // pins it: a page-in
   EXPECT(Holds(f.engine_.get(), abc[1],

@@ -49,6 +49,10 @@ struct EngineStats {
   // --- host pool (gpu_host_bfc in TensorFlow) ---
   int64_t host_bytes_in_use = 0;
   int64_t host_peak_bytes_in_use = 0;
+  // Host copies scattered over several chunks of the host pool because no
+  // one chunk held them (host_pool.cc): its free bytes were split by
+  // copies of other sizes. Each piece is one more copy each way.
+  int64_t num_scattered_host_copies = 0;
   int64_t host_bytes_limit = 0;
 
   // --- defragmentation ---
