@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -256,6 +257,36 @@ def test_max_batch_reports_no_batch_above_a_hole(monkeypatch: pytest.MonkeyPatch
     probes = mb["search"]["with_lms"]["probes"]
     assert all(ok for n, ok in probes if n <= mb["with_lms"])
     assert not mb["monotone"]  # batches above the hole fit: fitting is uneven
+
+
+def test_max_batch_reports_a_batch_that_runs_twenty_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Replays stubbed so that batches up to 400 run the search's two steps but only those
+    # up to 390 run twenty, as at the host's edge, where the layout the engine reaches
+    # can fill the host side after a few steps (InceptionV3 at 687 on the DGX-1 did in
+    # step 8). The answer steps down by 1% of itself until twenty steps run.
+    from tflms.planner import simulate
+
+    trace = chain_trace(layers=8, batch=4)
+    m = machine(64 * MIB, host=1 * GIB)
+    monkeypatch.setattr(simulate, "build_plan", lambda t, gpu: t.batch_size)
+    monkeypatch.setattr(simulate, "peak_live_bytes", lambda batch: batch * MIB)
+
+    def attempt(batch: int, machine: Machine, lms: bool, _p: bool, _d: bool, steps: int) -> Any:
+        limit = (400 if steps <= 2 else 390) if lms else 50
+        message = "LMS host memory pool is full" if lms else "x"
+        return ReplayResult(
+            config=machine.config(lms=lms), fits=batch <= limit, oom_message=message
+        )
+
+    monkeypatch.setattr(simulate, "_attempt", attempt)
+    mb = max_batch(trace, m)
+    assert mb["with_lms"] == 390
+    confirm = mb["search"]["with_lms"]["confirm"]
+    assert confirm == {"steps": 20, "failed": [400, 396, 393], "largest": 390}
+    assert mb["search"]["with_lms"]["largest"] == 400  # what two steps alone found
+    assert mb["limited_by"] == "host"
+    # Without confirmation the two-step answer stands.
+    assert max_batch(trace, m, confirm_steps=2)["with_lms"] == 400
 
 
 def test_max_size_searches_edges_in_multiples_of_16() -> None:

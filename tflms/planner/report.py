@@ -521,11 +521,13 @@ def results_markdown(res: dict[str, Any]) -> str:
         "the GPU's memory is one region taken up front (allow_growth off, TensorFlow's",
         "default), and the step is replayed twice with the second measured (with prefetch,",
         "which changes from step to step, 20 times with the 20th measured: at the 3D U-Net's",
-        "largest sizes on the A100-80, the H100 and the GH200 prefetch runs out of host memory",
-        "in step 3 or 8, where two steps fit and paging on demand runs the same time in every",
-        "step). The largest batches are found by bisection to within 1% (ResNet50 on the",
-        "AC922: exactly); where fragmentation makes fitting uneven (a larger batch fits where",
-        "a smaller one did not), the table says so.",
+        "largest size on the GH200 prefetch runs out of memory in step 11, where two steps",
+        "fit and paging on demand runs the same time in every step). The largest batches are",
+        "found by bisection over two steps to within 1% (ResNet50 on the AC922: exactly), and",
+        "the answer must then run 20 steps, 1% less at a time until it does: at the host's",
+        "edge the layout the engine reaches can fill the host side later (InceptionV3 at 687",
+        "on the DGX-1 ran out of host memory in step 8). Where fragmentation makes fitting",
+        "uneven (a larger batch fits where a smaller one did not), the table says so.",
         "",
     ]
     studies = res["studies"]

@@ -341,6 +341,37 @@ def search_json(r: SearchResult) -> dict[str, Any]:
     }
 
 
+# Steps a largest batch (or input size) with LMS must run before it is reported. The
+# searches probe over two steps, but at the host's edge the layout the engine reaches
+# can fill the host side later: InceptionV3 at 687 on the DGX-1 (two steps: fits) ran
+# out of host memory in step 8 with on-demand paging, as a long training run would.
+CONFIRM_STEPS = 20
+
+
+def confirm_largest(
+    fits_for: Callable[[int, int], ReplayResult],
+    largest: int,
+    floor: int,
+    steps: int,
+    next_down: Callable[[int], int],
+) -> tuple[int, list[list[Any]]]:
+    """The largest answer at or below `largest` that runs `steps` steps.
+
+    fits_for(n, steps) replays n; next_down(n) is the next candidate below n. Returns the
+    answer and the candidates that failed, each as [n, out-of-memory message]. `floor`
+    (known to fit, e.g. the largest without LMS) is returned unreplayed if reached.
+    """
+    failed: list[list[Any]] = []
+    n = largest
+    while n > floor:
+        r = fits_for(n, steps)
+        if r.fits:
+            return n, failed
+        failed.append([n, r.oom_message])
+        n = max(floor, next_down(n))
+    return n, failed
+
+
 def max_batch(
     trace: Trace,
     machine: Machine,
@@ -353,6 +384,7 @@ def max_batch(
     progress: bool = False,
     without_lms: int | None = None,
     hole_grid: int = 10,
+    confirm_steps: int = CONFIRM_STEPS,
 ) -> dict[str, Any]:
     """Largest batch without LMS and with LMS (at machine.host_memory), by rescaling the trace.
 
@@ -361,6 +393,8 @@ def max_batch(
     reported has no failing probe at or below it (search.largest_without_holes).
     without_lms: the largest batch without LMS when already known (it does not depend
     on the host), so that only the LMS search runs.
+    confirm_steps: the batch reported with LMS runs this many steps (confirm_largest);
+    the search's own probes run `steps`.
     `limited_by` says what stops the LMS batch: 'host' (the pinned pool is full) or 'gpu'.
     """
     if not any(t.batch_scaled for t in trace.tensors):
@@ -437,6 +471,21 @@ def max_batch(
             bar.close()
         out[key] = r.largest
         out.setdefault("search", {})[key] = search_json(r)
+        if lms and confirm_steps > steps:
+            out[key], failed = confirm_largest(
+                lambda n, st: _attempt(plan_for(n), machine, True, prefetch, defrag, st),
+                r.largest,
+                known,
+                confirm_steps,
+                lambda n: n - max(1, int(n * max(rel_tol, 0.01))),
+            )
+            for n, message in failed:
+                lms_failures[n] = message
+            out["search"][key]["confirm"] = {
+                "steps": confirm_steps,
+                "failed": [n for n, _ in failed],
+                "largest": out[key],
+            }
     out["ratio"] = out["with_lms"] / out["without_lms"] if out["without_lms"] else None
     out["monotone"] = all(
         search_monotone(out["search"][k]["probes"]) for k in ("without_lms", "with_lms")
@@ -463,10 +512,12 @@ def max_size(
     steps: int = 2,
     limit_size: int = 1024,
     progress: bool = False,
+    confirm_steps: int = CONFIRM_STEPS,
 ) -> dict[str, Any]:
     """Largest input size (cube edge, multiple of SIZE_STEP) without and with LMS.
 
-    trace_at(size) traces the model at that input size (at the trace's batch).
+    trace_at(size) traces the model at that input size (at the trace's batch). The size
+    reported with LMS runs confirm_steps steps (confirm_largest).
     """
 
     out: dict[str, Any] = {"step": SIZE_STEP}
@@ -505,6 +556,23 @@ def max_size(
         s = search_json(r)
         s["probes"] = [[n * SIZE_STEP, ok] for n, ok in r.probes]
         out.setdefault("search", {})[key] = s
+        if lms and confirm_steps > steps:
+
+            def attempt(k: int, st: int) -> ReplayResult:
+                plan = build_plan(trace_at(k * SIZE_STEP), machine.gpu)
+                return _attempt(plan, machine, True, prefetch, defrag, st)
+
+            largest_k, failed = confirm_largest(
+                attempt, r.largest, known, confirm_steps, lambda k: k - 1
+            )
+            for k, message in failed:
+                lms_failures[k] = message
+            out[key] = largest_k * SIZE_STEP
+            s["confirm"] = {
+                "steps": confirm_steps,
+                "failed": [k * SIZE_STEP for k, _ in failed],
+                "largest": out[key],
+            }
     w, m = out["without_lms"], out["with_lms"]
     out["voxel_ratio"] = (m / w) ** 3 if w else None
     first_fail = min((k for k in lms_failures if k * SIZE_STEP > m), default=None)
