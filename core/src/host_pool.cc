@@ -51,12 +51,12 @@ void* HostPool::Allocate(size_t bytes, Status* status) {
 void* HostPool::AllocateScatteredLocked(size_t rounded) {
   const size_t growth = arena_->memory_limit() - arena_->bytes_reserved();
   if (arena_->TotalFreeBytes() + growth < rounded) return nullptr;
+  const size_t unit = BfcArena::RoundedBytes(1);
   std::vector<Piece> pieces;
   size_t left = rounded;
   while (left > 0 && pieces.size() < kMaxPieces) {
     // A new region first where the limit leaves room: it may hold the rest
     // whole, where the old regions' holes would split it further.
-    const size_t unit = BfcArena::RoundedBytes(1);
     const size_t room = arena_->memory_limit() - arena_->bytes_reserved();
     const size_t grow = std::min(left, room) / unit * unit;
     if (arena_->LargestFreeChunk() < left && grow > 0) arena_->Extend(grow);
@@ -104,9 +104,7 @@ std::vector<HostPool::Piece> HostPool::PiecesFor(const void* handle,
 }
 
 size_t HostPool::PiecesOf(const void* handle) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = scattered_.find(handle);
-  return it == scattered_.end() ? 1 : it->second.size();
+  return PiecesFor(handle, 0).size();
 }
 
 Status HostPool::CopyToHost(Stream* stream, void* handle,
