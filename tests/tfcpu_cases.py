@@ -45,6 +45,7 @@ DEVICE_MEMORY = {
     "keras_fit": "2368KiB",
     "padding": "24MiB",
     "host_pieces": "8MiB",
+    "list_stack": "1MiB",
 }
 
 # Host memory for reclaimed bytes per case (TF_GPU_HOST_MEM_LIMIT_IN_MB's role): 1 GiB,
@@ -412,6 +413,27 @@ def fragmented(tf: Any) -> dict[str, Any]:
     return {"values": _hex(sums)}
 
 
+def list_stack(tf: Any) -> dict[str, Any]:
+    # A loop's accumulator the way the device fills up: each 1 KiB list element is
+    # made right after a 15 KiB tensor, so the 62 elements lie 16 KiB apart over the
+    # whole 1 MiB device. TensorListStack pins them all and needs 62 KiB: paging out
+    # the 15 KiB tensors leaves gaps of 15 KiB between pinned elements. Eager, so
+    # ops run in program order and the layout is the program's own.
+    width, count = 256, 62
+    lst = tf.raw_ops.EmptyTensorList(
+        element_shape=tf.constant([width]), max_num_elements=-1, element_dtype=tf.float32
+    )
+    kept = []
+    for i in range(count):
+        kept.append(tf.fill([15 * width], float(i)))
+        element = tf.sin(tf.fill([width], float(i) * 0.25))
+        lst = tf.raw_ops.TensorListPushBack(input_handle=lst, tensor=element)
+    stacked = tf.raw_ops.TensorListStack(
+        input_handle=lst, element_dtype=tf.float32, element_shape=[width]
+    )
+    return {"values": _hex([tf.reduce_sum(stacked), stacked[count - 1, 7], tf.reduce_sum(kept[3])])}
+
+
 def memory_stats(tf: Any) -> dict[str, Any]:
     # tf.config.experimental.get_memory_info / reset_memory_stats reach the LMS
     # allocator's GetStats and ClearStats.
@@ -581,6 +603,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "keras_fit": keras_fit,
     "padding": padding,
     "host_pieces": host_pieces,
+    "list_stack": list_stack,
 }
 
 

@@ -560,6 +560,9 @@ Status Engine::Pin(Buffer* buffer, void** device_ptr) {
   return impl_->Pin(buffer, device_ptr);
 }
 Status Engine::Unpin(Buffer* buffer) { return impl_->Unpin(buffer); }
+void Engine::GatherForPins(Buffer* const* buffers, size_t n) {
+  if (Ready(*impl_)) impl_->GatherForPins(buffers, n);
+}
 Status Engine::MarkUnmovable(Buffer* buffer, void** device_ptr) {
   return impl_->MarkUnmovable(buffer, device_ptr);
 }

@@ -25,6 +25,7 @@
 #ifndef TFLMS_CORE_SRC_ENGINE_IMPL_H_
 #define TFLMS_CORE_SRC_ENGINE_IMPL_H_
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -181,9 +182,12 @@ class Engine::Impl {
                  const std::vector<Buffer*>& victims, size_t* bytes);
   // Brings a reclaimed buffer back. `for_prefetch` limits the ladder to
   // cheap steps so prefetch never causes a full reclaim.
+  // `into`: a free range already taken for it (gather.cc), else the ladder
+  // finds one.
   Status PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
                 bool for_prefetch, size_t protect_until = 0,
-                bool no_reclaim = false);
+                bool no_reclaim = false,
+                BfcArena::ChunkHandle into = BfcArena::kInvalidChunk);
   void LruPush(Buffer* b);
   void LruRemove(Buffer* b);
   // ---- residency.cc: page-out ahead of pressure ----
@@ -274,6 +278,12 @@ class Engine::Impl {
   bool Reclaimable(const Buffer* b) const;
   Status ReclaimInactive(size_t* bytes);
 
+  // ---- gather.cc ----
+  // The buffers one kernel is about to pin together: if, pinned where they
+  // are, they would leave no gap as large as all of them, they are paged out
+  // and back into one run. Best effort; takes mu_.
+  void GatherForPins(Buffer* const* buffers, size_t n);
+
   // ---- padding.cc ----
   // While the engine follows a step's plan: gives back the padding of the
   // chunks of resident buffers (BfcArena::TrimInUse). True if any.
@@ -308,7 +318,8 @@ class Engine::Impl {
   // retake `lock`.
   bool RelocateStrandedLocked(std::unique_lock<std::mutex>& lock, Buffer* b);
   // The largest run of adjacent chunks that may_leave accepts, `pinned`'s
-  // own chunk counted as staying, or the memory not reserved yet if larger.
+  // own chunk counted as staying (none if null), or the memory not reserved
+  // yet if larger.
   template <typename MayLeave>
   size_t LargestGapBesideLocked(const Buffer* pinned, MayLeave may_leave) const;
 
@@ -780,6 +791,29 @@ class Engine::Impl {
     } guard;
   } prefetch_;
 };
+
+// Defined here: placement.cc and gather.cc both call it with lambdas.
+template <typename MayLeave>
+size_t Engine::Impl::LargestGapBesideLocked(const Buffer* pinned,
+                                            MayLeave may_leave) const {
+  // Memory the arena has not reserved yet is a gap of its own (a new
+  // region).
+  size_t largest = arena_->memory_limit() - arena_->bytes_reserved();
+  arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
+    size_t gap = 0;
+    for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
+         h = arena_->chunk(h)->next) {
+      const BfcArena::Chunk* c = arena_->chunk(h);
+      if ((pinned == nullptr || c->owner != pinned) && may_leave(*c)) {
+        gap += c->size;
+        largest = std::max(largest, gap);
+      } else {
+        gap = 0;
+      }
+    }
+  });
+  return largest;
+}
 
 }  // namespace tflms
 

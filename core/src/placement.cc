@@ -119,28 +119,6 @@ BfcArena::ChunkHandle Engine::Impl::TakeClusterRange(const ClusterPlan& plan,
   return arena_->TakeFreeRange(plan.lo, rounded, bytes, owner);
 }
 
-template <typename MayLeave>
-size_t Engine::Impl::LargestGapBesideLocked(const Buffer* pinned,
-                                            MayLeave may_leave) const {
-  // Memory the arena has not reserved yet is a gap of its own (a new
-  // region).
-  size_t largest = arena_->memory_limit() - arena_->bytes_reserved();
-  arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
-    size_t gap = 0;
-    for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
-         h = arena_->chunk(h)->next) {
-      const BfcArena::Chunk* c = arena_->chunk(h);
-      if (c->owner != pinned && may_leave(*c)) {
-        gap += c->size;
-        largest = std::max(largest, gap);
-      } else {
-        gap = 0;
-      }
-    }
-  });
-  return largest;
-}
-
 bool Engine::Impl::RelocateStrandedLocked(std::unique_lock<std::mutex>& lock,
                                           Buffer* b) {
   // An early page-out in flight leaves too, its chunk free once the copy is

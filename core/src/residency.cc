@@ -495,7 +495,7 @@ void Engine::Impl::SettleEarlyPageOutsLocked(std::unique_lock<std::mutex>& lock,
 
 Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
                             bool for_prefetch, size_t protect_until,
-                            bool no_reclaim) {
+                            bool no_reclaim, BfcArena::ChunkHandle into) {
   b->state = BufferState::kPagingIn;
   Status status;
   const AllocSource max_source =
@@ -516,6 +516,10 @@ Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
     } else if (status.code() == Code::kResourceExhausted && !for_prefetch) {
       ++counters_.num_ooms;
     }
+  } else if (into != BfcArena::kInvalidChunk) {
+    h = into;
+    CountSource(AllocSource::kFree);
+    AddChunkBytes(b, static_cast<int64_t>(arena_->chunk(h)->size));
   } else {
     h = AllocateChunk(lock, b->size, b, max_source, &status, protect_until);
   }

@@ -42,6 +42,8 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"num_scattered_host_copies", num_scattered_host_copies},
       {"num_defragmentations", num_defragmentations},
       {"bytes_defragged", bytes_defragged},
+      {"num_group_gathers", num_group_gathers},
+      {"bytes_group_gathered", bytes_group_gathered},
       {"num_prefetches", num_prefetches},
       {"prefetch_hits", prefetch_hits},
       {"prefetch_misses", prefetch_misses},

@@ -154,6 +154,11 @@ class Engine {
   // The buffer's address escaped (C API, DLPack): it is paged in if needed
   // and never moved or reclaimed again.
   Status MarkUnmovable(Buffer* buffer, void** device_ptr);
+  // The caller is about to pin these buffers together (a kernel reading
+  // every element of a list). If, pinned where they are, they would leave no
+  // gap as large as all of them, the engine pages them out and back into
+  // one run first (gather.cc). Best effort: nothing fails, the pins follow.
+  void GatherForPins(Buffer* const* buffers, size_t n);
 
   // Host access for callers outside kernels: pins for the duration.
   Status ReadBuffer(Buffer* buffer, size_t offset, void* dst, size_t bytes);

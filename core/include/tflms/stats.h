@@ -59,6 +59,12 @@ struct EngineStats {
   int64_t num_defragmentations = 0;
   int64_t bytes_defragged = 0;       // bytes moved device->device
 
+  // --- groups one kernel pins together (gather.cc) ---
+  // Groups whose members, pinned where they were, would have split every
+  // gap large enough for all of them: paged out and back into one run.
+  int64_t num_group_gathers = 0;
+  int64_t bytes_group_gathered = 0;  // bytes paged back into such runs
+
   // --- prefetch ---
   int64_t num_prefetches = 0;        // page-ins issued ahead of use
   int64_t prefetch_hits = 0;         // pins of a buffer a prefetch brought in

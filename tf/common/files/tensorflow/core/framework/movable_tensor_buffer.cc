@@ -25,8 +25,10 @@ limitations under the License.
 #include "absl/base/const_init.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/platform/logging.h"
@@ -147,6 +149,18 @@ MovableTensorBuffer* MovableTensorBuffer::FromBuffer(TensorBuffer* buffer) {
 #endif
   // Without RTTI no movable buffer is ever created (see MaybeAllocate).
   return nullptr;
+}
+
+void MovableTensorBuffer::GatherForPins(
+    absl::Span<MovableTensorBuffer* const> group) {
+  absl::InlinedVector<void*, 32> handles;
+  MovableAllocator* movable = nullptr;
+  for (MovableTensorBuffer* m : group) {
+    if (m == nullptr || m->handle_ == nullptr) continue;
+    if (movable == nullptr) movable = m->movable_;
+    if (m->movable_ == movable) handles.push_back(m->handle_);
+  }
+  if (movable != nullptr) movable->GatherMovable(handles.data(), handles.size());
 }
 
 MovableTensorBuffer::MovableTensorBuffer(Allocator* allocator,

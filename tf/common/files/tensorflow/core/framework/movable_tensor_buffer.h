@@ -61,6 +61,7 @@ limitations under the License.
 
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/types.pb.h"
@@ -92,6 +93,10 @@ class MovableAllocator {
   // A kernel of step `step_id` (OpKernelContext::step_id) is about to pin its
   // inputs. Allocators that learn a step's order to prefetch override it.
   virtual void NoteStepId(int64_t /*step_id*/) {}
+  // A kernel is about to pin these buffers together (every element of a
+  // list or array it reads): an allocator that places buffers may bring
+  // them together first, so that its output finds a gap. Best effort.
+  virtual void GatherMovable(void* const* /*handles*/, size_t /*n*/) {}
 
  protected:
   // Owned as an Allocator, never through this interface.
@@ -146,6 +151,10 @@ class MovableTensorBuffer final : public TensorBuffer {
 
   // `buffer` if it is a MovableTensorBuffer, else nullptr.
   static MovableTensorBuffer* FromBuffer(TensorBuffer* buffer);
+  // Tells the allocator of `group`'s buffers that they are about to be
+  // pinned together (MovableAllocator::GatherMovable). Buffers of another
+  // allocator than the first one's are left out.
+  static void GatherForPins(absl::Span<MovableTensorBuffer* const> group);
 
   // Makes the buffer resident and keeps it at data() until Unpin().
   absl::Status Pin();

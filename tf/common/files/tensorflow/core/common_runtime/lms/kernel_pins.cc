@@ -22,9 +22,11 @@ limitations under the License.
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/log/log.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "tensorflow/core/framework/movable_tensor_buffer.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_handle.h"
@@ -68,6 +70,20 @@ absl::Status ForEachListElement(const Tensor& t, int depth, F f) {
   return absl::OkStatus();
 }
 
+// The kernel is about to pin all of `elements` together: the allocator may
+// bring them together first, so that an output as large as all of them (a
+// stack, a concat) finds a gap (the engine's gather.cc).
+// The copies hold references: an array's element may be replaced while the
+// allocator looks at the group.
+void GatherForPins(absl::Span<const Tensor> elements) {
+  absl::InlinedVector<MovableTensorBuffer*, 32> group;
+  for (const Tensor& t : elements) {
+    MovableTensorBuffer* m = MovableTensorBufferUtil::Get(t);
+    if (m != nullptr) group.push_back(m);
+  }
+  if (group.size() > 1) MovableTensorBuffer::GatherForPins(group);
+}
+
 // depth 0: a kernel input, which the executor keeps alive; deeper: reached
 // through a list, an array or a variable, so held. List elements are held
 // as well as pinned: a list kernel may replace them while it runs.
@@ -75,6 +91,12 @@ absl::Status PinTensor(const Tensor& t, bool elements, int depth,
                        ScopedTensorPins* pins) {
   absl::Status s = depth == 0 ? pins->Pin(t) : pins->PinAndHold(t);
   if (!s.ok() || !elements) return s;
+  absl::InlinedVector<Tensor, 32> group;
+  ForEachListElement(t, depth, [&](const Tensor& element, int) {
+    group.push_back(element);
+    return absl::OkStatus();
+  }).IgnoreError();
+  GatherForPins(group);
   return ForEachListElement(t, depth, [&](const Tensor& element, int d) {
     return PinTensor(element, /*elements=*/true, d, pins);
   });
@@ -135,6 +157,11 @@ absl::Status PinResource(OpKernelContext* context, const ResourceHandle& h,
         return s;
       },
       [&](TensorArray* array) {
+        if (elements) {
+          absl::InlinedVector<Tensor, 32> group;
+          array->ForEachTensor([&](const Tensor& t) { group.push_back(t); });
+          GatherForPins(group);
+        }
         absl::Status status;
         array->ForEachTensor([&](const Tensor& t) {
           if (status.ok()) status = PinTensor(t, elements, 1, pins);

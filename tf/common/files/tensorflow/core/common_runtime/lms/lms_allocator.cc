@@ -22,6 +22,7 @@ limitations under the License.
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/log/log.h"
 #include "absl/status/status.h"
@@ -272,6 +273,12 @@ void LmsAllocator::NoteStepId(int64_t step_id) {
     return;
   }
   engine_->NoteStepId(step_id);
+}
+
+void LmsAllocator::GatherMovable(void* const* handles, size_t n) {
+  std::vector<tflms::Buffer*> buffers(n);
+  for (size_t i = 0; i < n; ++i) buffers[i] = AsBuffer(handles[i]);
+  engine_->GatherForPins(buffers.data(), n);
 }
 
 void LmsAllocator::UnpinMovable(void* handle) {
