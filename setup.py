@@ -68,6 +68,9 @@ class build_py_with_sources(build_py):
 ext = Pybind11Extension(
     "tflms._core",
     sources=["tflms/_native/binding.cc", *ENGINE_SOURCES],
+    # Without the headers here, a change to one alone (engine_impl.h's constants)
+    # left a stale extension that an in-place rebuild did not replace.
+    depends=sorted(glob.glob("core/include/tflms/*.h") + glob.glob("core/src/*.h")),
     include_dirs=["core/include", "core/src"],
     cxx_std=17,
     extra_compile_args=["-O2", "-fvisibility=hidden"],
