@@ -379,6 +379,20 @@ def test_list_elements_pinned_together_are_gathered_first() -> None:
     assert fixed["stats"]["num_group_gathers"] == 0
 
 
+def test_array_elements_pinned_together_are_gathered_first() -> None:
+    # The same layout through a TensorArray resource: the kernel pins reach the 62
+    # elements through the array's handle and TensorArrayGatherV3 needs 62 KiB. With
+    # the engine's gather disabled it is out of memory (984 KB free, largest gap
+    # 31 KB; checked by hand).
+    stock = stock_output("array_gather")
+    lms = run_case("array_gather", "lms", strict=True)
+    assert program_output(lms) == stock
+    stats = lms["stats"]
+    assert stats["num_group_gathers"] >= 1, stats
+    assert stats["bytes_group_gathered"] >= 61 * 1024, stats
+    assert stats["num_ooms"] == 0
+
+
 def test_keras_fit_learns_its_steps_and_prefetch_hits() -> None:
     # Issue 11: Keras fit over a tf.data pipeline, with validation and a callback's
     # eager ops between steps, at a fraction of its peak. Nothing marks its steps: the

@@ -46,6 +46,7 @@ DEVICE_MEMORY = {
     "padding": "24MiB",
     "host_pieces": "8MiB",
     "list_stack": "1MiB",
+    "array_gather": "1MiB",
 }
 
 # Host memory for reclaimed bytes per case (TF_GPU_HOST_MEM_LIMIT_IN_MB's role): 1 GiB,
@@ -434,6 +435,35 @@ def list_stack(tf: Any) -> dict[str, Any]:
     return {"values": _hex([tf.reduce_sum(stacked), stacked[count - 1, 7], tf.reduce_sum(kept[3])])}
 
 
+def array_gather(tf: Any) -> dict[str, Any]:
+    # list_stack's layout with a TensorArray resource instead of a list: the kernel
+    # pins reach the elements through the array's handle, and TensorArrayGatherV3
+    # pins all 62 and needs 62 KiB. TensorFlow 2 lowers tf.TensorArray to lists inside
+    # functions; the resource kernels run here by name.
+    width, count = 256, 62
+    handle, flow = tf.raw_ops.TensorArrayV3(
+        size=count,
+        dtype=tf.float32,
+        element_shape=[width],
+        clear_after_read=False,
+        identical_element_shapes=True,
+    )
+    kept = []
+    for i in range(count):
+        kept.append(tf.fill([15 * width], float(i)))
+        element = tf.sin(tf.fill([width], float(i) * 0.25))
+        flow = tf.raw_ops.TensorArrayWriteV3(handle=handle, index=i, value=element, flow_in=flow)
+    gathered = tf.raw_ops.TensorArrayGatherV3(
+        handle=handle,
+        indices=tf.range(count),
+        flow_in=flow,
+        dtype=tf.float32,
+        element_shape=[width],
+    )
+    values = [tf.reduce_sum(gathered), gathered[count - 1, 7], tf.reduce_sum(kept[3])]
+    return {"values": _hex(values)}
+
+
 def memory_stats(tf: Any) -> dict[str, Any]:
     # tf.config.experimental.get_memory_info / reset_memory_stats reach the LMS
     # allocator's GetStats and ClearStats.
@@ -604,6 +634,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "padding": padding,
     "host_pieces": host_pieces,
     "list_stack": list_stack,
+    "array_gather": array_gather,
 }
 
 

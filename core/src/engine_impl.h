@@ -317,6 +317,10 @@ class Engine::Impl {
   // allocation no room (placement.cc). True if it moved. May release and
   // retake `lock`.
   bool RelocateStrandedLocked(std::unique_lock<std::mutex>& lock, Buffer* b);
+  // Pages resident, unpinned `b` out and back in next to what cannot leave
+  // (PlanClusterPlacement), for a stranded buffer that overlaps both ends of
+  // its own gap. True if it came back there. May release and retake `lock`.
+  bool RoundTripStrandedLocked(std::unique_lock<std::mutex>& lock, Buffer* b);
   // The largest run of adjacent chunks that may_leave accepts, `pinned`'s
   // own chunk counted as staying (none if null), or the memory not reserved
   // yet if larger.

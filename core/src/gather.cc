@@ -41,8 +41,7 @@
 namespace tflms {
 namespace {
 
-// Fewer members than this pin no more than a kernel's ordinary inputs do.
-constexpr size_t kMinGroup = 16;
+constexpr size_t kMinGroup = Engine::kMinGatherGroup;
 // Groups smaller than memory_limit / this are "small" as placement.cc's
 // cluster requests are: a misplaced one cannot strand much.
 constexpr size_t kGroupDivisor = 64;

@@ -44,6 +44,7 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"bytes_defragged", bytes_defragged},
       {"num_group_gathers", num_group_gathers},
       {"bytes_group_gathered", bytes_group_gathered},
+      {"num_stranded_round_trips", num_stranded_round_trips},
       {"num_prefetches", num_prefetches},
       {"prefetch_hits", prefetch_hits},
       {"prefetch_misses", prefetch_misses},

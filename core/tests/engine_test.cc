@@ -658,6 +658,67 @@ TEST(AGroupPinnedTogetherIsGatheredFirst) {
   }
 }
 
+TEST(ABufferThatWouldLeaveNoGapItsOwnSizeComesBackBesideAWall) {
+  // Paging on demand, B (240 KiB, under a quarter of the 1 MiB device) lies
+  // between gaps of 224 and 128 KiB, with pinned A below and pinned W above:
+  // pinned where it is, it would leave no gap for an output of its own size,
+  // and neither end of its gap is free of it, so it cannot move device to
+  // device. It goes to the host and comes back beside a wall, and the
+  // output fits. With the round trip disabled in the engine the output is
+  // out of memory (checked by hand: "fragmented by tensors in use", largest
+  // free 224 KiB). Without W the gap above B is 256 KiB, enough for its own
+  // size, and nothing moves. Sizes respect TensorFlow's split rule (a
+  // request takes a whole free chunk under twice its size).
+  constexpr size_t kK = 1024;
+  for (bool walled : {true, false}) {
+    Fixture f(1 * kMiB, 4 * kMiB, /*lms=*/true, false, false, 0,
+              /*allow_growth=*/false);
+    Status s;
+    void* pa = nullptr;
+    void* pw = nullptr;
+    Buffer* p1 = f.engine_->AllocateBuffer(64 * kK, false, &s);
+    Buffer* a = f.engine_->AllocateBuffer(240 * kK, true, &s, &pa);
+    Buffer* p2 = f.engine_->AllocateBuffer(224 * kK, false, &s);
+    Buffer* b = f.engine_->AllocateBuffer(240 * kK, false, &s);
+    Buffer* p3 = f.engine_->AllocateBuffer((walled ? 128 : 256) * kK, false, &s);
+    Buffer* w = walled ? f.engine_->AllocateBuffer(128 * kK, true, &s, &pw)
+                       : nullptr;
+    EXPECT_OK(s);
+    const std::string pattern = Pattern(240 * kK, 7);
+    EXPECT_OK(f.engine_->WriteBuffer(b, 0, pattern.data(), pattern.size()));
+    void* pb = nullptr;
+    EXPECT_OK(f.engine_->Pin(b, &pb));
+    size_t reclaimed = 0;
+    EXPECT_OK(f.engine_->ReclaimInactive(&reclaimed));  // P1, P2, P3 leave
+    EXPECT(reclaimed == (64 + 224 + (walled ? 128 : 256)) * kK);
+    EXPECT_OK(f.engine_->Unpin(b));
+    void* pb2 = nullptr;
+    EXPECT_OK(f.engine_->Pin(b, &pb2));
+    Buffer* out = f.engine_->AllocateBuffer(240 * kK, true, &s);
+    EXPECT_OK(s);
+    EXPECT(out != nullptr);
+    const EngineStats st = f.engine_->GetStats();
+    if (walled) {
+      EXPECT(st.num_stranded_round_trips == 1);
+      EXPECT(static_cast<char*>(pb2) == static_cast<char*>(pa) + 240 * kK ||
+             static_cast<char*>(pb2) + 240 * kK == static_cast<char*>(pw));
+    } else {
+      EXPECT(st.num_stranded_round_trips == 0);
+      EXPECT(pb2 == pb);
+    }
+    EXPECT_OK(f.engine_->Unpin(out));
+    EXPECT_OK(f.engine_->FreeBuffer(out));
+    EXPECT_OK(f.engine_->Unpin(b));
+    EXPECT(Holds(f.engine_.get(), b, pattern));
+    EXPECT_OK(f.engine_->Unpin(a));
+    if (w != nullptr) EXPECT_OK(f.engine_->Unpin(w));
+    for (Buffer* x : {p1, a, p2, b, p3, w}) {
+      if (x != nullptr) EXPECT_OK(f.engine_->FreeBuffer(x));
+    }
+    EXPECT_OK(f.engine_->CheckInvariants());
+  }
+}
+
 TEST(HostPoolSplitsAFreedChunkForASmallerRequest) {
   // TensorFlow's split rule gives a request a whole free chunk when the
   // chunk is under twice the request and the rest under 128 MB: here the

@@ -158,6 +158,9 @@ class Engine {
   // every element of a list). If, pinned where they are, they would leave no
   // gap as large as all of them, the engine pages them out and back into
   // one run first (gather.cc). Best effort: nothing fails, the pins follow.
+  // Groups of fewer than kMinGatherGroup buffers are left alone: they pin no
+  // more than a kernel's ordinary inputs do.
+  static constexpr size_t kMinGatherGroup = 16;
   void GatherForPins(Buffer* const* buffers, size_t n);
 
   // Host access for callers outside kernels: pins for the duration.

@@ -64,6 +64,9 @@ struct EngineStats {
   // gap large enough for all of them: paged out and back into one run.
   int64_t num_group_gathers = 0;
   int64_t bytes_group_gathered = 0;  // bytes paged back into such runs
+  // Buffers paged out and back in before their pin because, pinned where
+  // they lay, they would have left no gap as large as themselves.
+  int64_t num_stranded_round_trips = 0;
 
   // --- prefetch ---
   int64_t num_prefetches = 0;        // page-ins issued ahead of use

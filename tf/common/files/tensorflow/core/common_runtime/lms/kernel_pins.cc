@@ -91,15 +91,18 @@ absl::Status PinTensor(const Tensor& t, bool elements, int depth,
                        ScopedTensorPins* pins) {
   absl::Status s = depth == 0 ? pins->Pin(t) : pins->PinAndHold(t);
   if (!s.ok() || !elements) return s;
+  // One walk: the copies taken for the gather are the tensors pinned.
   absl::InlinedVector<Tensor, 32> group;
   ForEachListElement(t, depth, [&](const Tensor& element, int) {
     group.push_back(element);
     return absl::OkStatus();
   }).IgnoreError();
   GatherForPins(group);
-  return ForEachListElement(t, depth, [&](const Tensor& element, int d) {
-    return PinTensor(element, /*elements=*/true, d, pins);
-  });
+  for (const Tensor& element : group) {
+    s = PinTensor(element, /*elements=*/true, depth + 1, pins);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 // Variables and tensor arrays are reached through their handles: calls

@@ -276,6 +276,8 @@ void LmsAllocator::NoteStepId(int64_t step_id) {
 }
 
 void LmsAllocator::GatherMovable(void* const* handles, size_t n) {
+  // Most kernels that read a list read a few elements: those cost no lock.
+  if (n < tflms::Engine::kMinGatherGroup) return;
   std::vector<tflms::Buffer*> buffers(n);
   for (size_t i = 0; i < n; ++i) buffers[i] = AsBuffer(handles[i]);
   engine_->GatherForPins(buffers.data(), n);
