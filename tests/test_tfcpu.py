@@ -360,37 +360,25 @@ def test_page_out_scattered_over_a_fragmented_host_side_keeps_values() -> None:
         assert result["stats"]["num_ooms"] == 0
 
 
-def test_list_elements_pinned_together_are_gathered_first() -> None:
-    # The list_stack program spreads 62 list elements of 1 KiB over the whole 1 MiB
-    # device; TensorListStack pins them all and needs 62 KiB. Pinned where they lie
-    # they leave 15 KiB gaps: without the gather this is an out-of-memory with 984 KB
-    # free. The TensorFlow side names the group before pinning it and the engine
-    # pages it out and back into one run (core/src/gather.cc). Fixed-address mode
-    # has no physical fragmentation and gathers nothing.
-    stock = stock_output("list_stack")
-    lms = run_case("list_stack", "lms", strict=True)
+@pytest.mark.parametrize(("case", "gathered"), [("list_stack", 62), ("array_gather", 61)])
+def test_elements_pinned_together_are_gathered_first(case: str, gathered: int) -> None:
+    # 62 list or TensorArray elements of 1 KiB spread over the whole 1 MiB device;
+    # TensorListStack or TensorArrayGatherV3 pins them all (the array's through its
+    # handle) and needs 62 KiB. Pinned where they lie they leave 15 KiB gaps: without the
+    # gather this is an out-of-memory with 984 KB free, largest gap 31 KB (both checked by
+    # hand). The TensorFlow side names the group before pinning it and the engine pages
+    # it out and back into one run (core/src/gather.cc); an element already in place
+    # stays. Fixed-address mode has no physical fragmentation and gathers nothing.
+    stock = stock_output(case)
+    lms = run_case(case, "lms", strict=True)
     assert program_output(lms) == stock
     stats = lms["stats"]
     assert stats["num_group_gathers"] >= 1, stats
-    assert stats["bytes_group_gathered"] >= 62 * 1024, stats
+    assert stats["bytes_group_gathered"] >= gathered * 1024, stats
     assert stats["num_ooms"] == 0
-    fixed = run_case("list_stack", "fixed", strict=True)
+    fixed = run_case(case, "fixed", strict=True)
     assert program_output(fixed) == stock
     assert fixed["stats"]["num_group_gathers"] == 0
-
-
-def test_array_elements_pinned_together_are_gathered_first() -> None:
-    # The same layout through a TensorArray resource: the kernel pins reach the 62
-    # elements through the array's handle and TensorArrayGatherV3 needs 62 KiB. With
-    # the engine's gather disabled it is out of memory (984 KB free, largest gap
-    # 31 KB; checked by hand).
-    stock = stock_output("array_gather")
-    lms = run_case("array_gather", "lms", strict=True)
-    assert program_output(lms) == stock
-    stats = lms["stats"]
-    assert stats["num_group_gathers"] >= 1, stats
-    assert stats["bytes_group_gathered"] >= 61 * 1024, stats
-    assert stats["num_ooms"] == 0
 
 
 def test_keras_fit_learns_its_steps_and_prefetch_hits() -> None:
