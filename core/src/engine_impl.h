@@ -321,6 +321,13 @@ class Engine::Impl {
   // (PlanClusterPlacement), for a stranded buffer that overlaps both ends of
   // its own gap. True if it came back there. May release and retake `lock`.
   bool RoundTripStrandedLocked(std::unique_lock<std::mutex>& lock, Buffer* b);
+  // A page-in the kernel pinning `b` waits for (prefetch_misses,
+  // bytes_paged_in_on_demand): on its pin, or just before it (the stranded
+  // round trip, a group's gather).
+  void CountPageInAtPinLocked(const Buffer* b) {
+    ++counters_.prefetch_misses;
+    counters_.bytes_paged_in_on_demand += static_cast<int64_t>(b->size);
+  }
   // The largest run of adjacent chunks that may_leave accepts, `pinned`'s
   // own chunk counted as staying (none if null), or the memory not reserved
   // yet if larger.

@@ -135,6 +135,8 @@ void Engine::Impl::GatherForPins(Buffer* const* buffers, size_t n) {
     }
     if (!PageIn(lock, b, /*for_prefetch=*/false, 0, false, h).ok()) return;
     counters_.bytes_group_gathered += static_cast<int64_t>(b->size);
+    // The kernel about to pin the group waits for this copy.
+    CountPageInAtPinLocked(b);
   }
 }
 

@@ -283,7 +283,11 @@ bool Engine::Impl::RoundTripStrandedLocked(std::unique_lock<std::mutex>& lock,
   BfcArena::ChunkHandle h = TakeClusterRange(plan, rounded, b->size, b);
   if (h == BfcArena::kInvalidChunk) return false;
   ++counters_.num_stranded_round_trips;
-  return PageIn(lock, b, /*for_prefetch=*/false, 0, false, h).ok();
+  if (!PageIn(lock, b, /*for_prefetch=*/false, 0, false, h).ok()) return false;
+  // The pin that follows finds it resident, yet its kernel waits for this
+  // copy as for any page-in at a pin.
+  CountPageInAtPinLocked(b);
+  return true;
 }
 
 }  // namespace tflms

@@ -637,8 +637,7 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
         return FailedPrecondition("buffer was freed while being pinned");
       }
       TFLMS_RETURN_IF_ERROR(s);
-      ++counters_.prefetch_misses;
-      counters_.bytes_paged_in_on_demand += static_cast<int64_t>(b->size);
+      CountPageInAtPinLocked(b);
       if (options_.prefetch_enabled) NotePrefetchMissLocked(b);
       continue;
     }

@@ -700,6 +700,9 @@ TEST(ABufferThatWouldLeaveNoGapItsOwnSizeComesBackBesideAWall) {
     const EngineStats st = f.engine_->GetStats();
     if (walled) {
       EXPECT(st.num_stranded_round_trips == 1);
+      // Its kernel waits for the copy back, as for a page-in on its pin.
+      EXPECT(st.bytes_paged_in_on_demand == st.bytes_paged_in &&
+             st.bytes_paged_in == static_cast<int64_t>(240 * kK));
       EXPECT(static_cast<char*>(pb2) == static_cast<char*>(pa) + 240 * kK ||
              static_cast<char*>(pb2) + 240 * kK == static_cast<char*>(pw));
     } else {
