@@ -41,7 +41,6 @@
 namespace tflms {
 namespace {
 
-constexpr size_t kMinGroup = Engine::kMinGatherGroup;
 // Groups smaller than memory_limit / this are "small" as placement.cc's
 // cluster requests are: a misplaced one cannot strand much.
 constexpr size_t kGroupDivisor = 64;
@@ -49,7 +48,7 @@ constexpr size_t kGroupDivisor = 64;
 }  // namespace
 
 void Engine::Impl::GatherForPins(Buffer* const* buffers, size_t n) {
-  if (n < kMinGroup) return;
+  if (n < Engine::kMinGatherGroup) return;
   std::unique_lock<std::mutex> lock(mu_);
   if (!options_.lms_enabled || fixed_) return;
   std::vector<Buffer*> group;
@@ -63,7 +62,7 @@ void Engine::Impl::GatherForPins(Buffer* const* buffers, size_t n) {
     group.push_back(b);
     total += BfcArena::RoundedBytes(b->size);
   }
-  if (group.size() < kMinGroup ||
+  if (group.size() < Engine::kMinGatherGroup ||
       total < options_.memory_limit / kGroupDivisor) {
     return;
   }

@@ -160,16 +160,16 @@ absl::Status PinResource(OpKernelContext* context, const ResourceHandle& h,
         return s;
       },
       [&](TensorArray* array) {
-        if (elements) {
-          absl::InlinedVector<Tensor, 32> group;
-          array->ForEachTensor([&](const Tensor& t) { group.push_back(t); });
-          GatherForPins(group);
+        // One walk, as for a list: the copies hold references, so an
+        // element replaced meanwhile stays alive until its pin.
+        absl::InlinedVector<Tensor, 32> group;
+        array->ForEachTensor([&](const Tensor& t) { group.push_back(t); });
+        if (elements) GatherForPins(group);
+        for (const Tensor& t : group) {
+          absl::Status status = PinTensor(t, elements, 1, pins);
+          if (!status.ok()) return status;
         }
-        absl::Status status;
-        array->ForEachTensor([&](const Tensor& t) {
-          if (status.ok()) status = PinTensor(t, elements, 1, pins);
-        });
-        return status;
+        return absl::OkStatus();
       });
 }
 
