@@ -364,6 +364,19 @@ BfcArena::ChunkHandle BfcArena::TakeFreeRange(const char* lo, size_t rounded,
   return kInvalidChunk;
 }
 
+void BfcArena::SlideDown(ChunkHandle below, ChunkHandle h) {
+  Chunk* lo = chunk(below);
+  Chunk* hi = chunk(h);
+  assert(lo->in_use() && hi->in_use() && lo->next == h);
+  SetHandle(hi->ptr, kInvalidChunk);
+  std::swap(lo->size, hi->size);
+  std::swap(lo->requested_size, hi->requested_size);
+  std::swap(lo->allocation_id, hi->allocation_id);
+  std::swap(lo->owner, hi->owner);
+  hi->ptr = lo->ptr + lo->size;
+  SetHandle(hi->ptr, h);
+}
+
 BfcArena::ChunkHandle BfcArena::FindFreeChunkOutside(size_t rounded,
                                                      const char* lo,
                                                      const char* hi) const {

@@ -114,6 +114,12 @@ class BfcArena {
   // placement keeps the room it chose). kInvalidChunk otherwise.
   ChunkHandle TakeFreeRange(const char* lo, size_t rounded, size_t requested,
                             void* owner);
+  // `below` and `h` are adjacent in-use chunks, `below` first. Moves `h`'s
+  // allocation (size, request, id, owner) to the start of `below`, and
+  // `below`'s to the rest of the pair, which `h` then names: the caller
+  // has copied the bytes down and frees `h` next. Handles keep their order
+  // in the region, so nothing else needs updating.
+  void SlideDown(ChunkHandle below, ChunkHandle h);
   // Smallest free chunk of at least `rounded` bytes lying wholly outside
   // [lo, hi). kInvalidChunk if none.
   ChunkHandle FindFreeChunkOutside(size_t rounded, const char* lo,

@@ -20,12 +20,29 @@
 // after source and destination compare equal. A failed move leaves the
 // buffer at its old address, intact.
 //
-// Two entry points:
+// Three entry points:
 //   DefragFor   opens a gap for one request: the window of adjacent free and
 //               movable chunks holding it with the fewest bytes to move,
 //               whose movable buffers all find destinations outside it.
+//   SlideFor    the last resort before an out-of-memory error once the host
+//               pool is full (engine.cc): where no buffer finds a
+//               destination elsewhere (free bytes enough, but every hole
+//               smaller than the buffers around it), the movable buffers of
+//               the run whose free chunks add up to the request, with the
+//               fewest bytes to move, slide down into the free chunk below
+//               each, so the run's free bytes gather at its top.
 //   Defragment  explicit compaction: moves buffers from high addresses to the
 //               lowest free chunk below them.
+// A slide's source and destination overlap, so it copies in pieces no
+// longer than the distance moved, in order on one stream: each piece's
+// destination was the source of the piece before, already copied. The free
+// chunk below is held (in use, owned by the buffer) while the copy runs, and
+// the pair is re-split only after the copy's event was synchronized
+// (BfcArena::SlideDown). Unlike a move, a slide cannot be undone: a copy that
+// fails after its first piece leaves the buffer's bytes partly overwritten,
+// and the error is returned. Only a device fault fails a device-to-device
+// copy, and on a CUDA device that fault is sticky, so no tensor would be read
+// again either way.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -43,6 +60,11 @@ constexpr int kMaxWindowsTried = 16;
 constexpr size_t kMaxMovesPerPass = 256;
 // Compaction passes per Defragment() call.
 constexpr int kMaxCompactionPasses = 8;
+// A slide copies in pieces as long as the distance it moves: a buffer
+// moved less than 1/kMaxSlidePieces of its size stays where it is.
+constexpr size_t kMaxSlidePieces = 64;
+// Buffers slid per SlideFor call.
+constexpr int kMaxSlides = 256;
 
 }  // namespace
 
@@ -188,6 +210,144 @@ Status Engine::Impl::DefragFor(std::unique_lock<std::mutex>& lock,
     return MoveBuffers(lock, moves, moved);
   }
   return ResourceExhausted("no window can be defragmented");
+}
+
+Status Engine::Impl::SlideFor(std::unique_lock<std::mutex>& lock,
+                              size_t rounded, size_t* moved) {
+  *moved = 0;
+  if (fixed_) return ResourceExhausted("nothing moves in fixed-address mode");
+  TFLMS_RETURN_IF_ERROR(SyncLastUses(lock));
+  // The run of free and movable chunks whose free bytes reach `rounded`
+  // with the fewest bytes to move, as ScanWindows finds runs by total size.
+  const char* lo = nullptr;
+  const char* hi = nullptr;
+  size_t best_cost = std::numeric_limits<size_t>::max();
+  arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
+    BfcArena::ChunkHandle left = first;
+    size_t free = 0, cost = 0;
+    for (BfcArena::ChunkHandle right = first; right != BfcArena::kInvalidChunk;
+         right = arena_->chunk(right)->next) {
+      const BfcArena::Chunk* rc = arena_->chunk(right);
+      if (rc->in_use() && !Movable(static_cast<const Buffer*>(rc->owner))) {
+        left = rc->next;
+        free = cost = 0;
+        continue;
+      }
+      (rc->in_use() ? cost : free) += rc->size;
+      // Leading buffers only add cost; leading free chunks go while the
+      // rest still holds the request.
+      while (left != right) {
+        const BfcArena::Chunk* lc = arena_->chunk(left);
+        if (!lc->in_use() && free - lc->size < rounded) break;
+        (lc->in_use() ? cost : free) -= lc->size;
+        left = lc->next;
+      }
+      if (free >= rounded && cost > 0 && cost < best_cost) {
+        best_cost = cost;
+        lo = arena_->chunk(left)->ptr;
+        hi = rc->ptr + rc->size;
+      }
+    }
+  });
+  if (lo == nullptr) return ResourceExhausted("no run of chunks can slide");
+  // Walk up from the run's first (free) chunk. Each slide releases mu_, so
+  // the walk goes by address, never by a chunk or buffer seen before it.
+  const char* pos = lo;
+  for (int i = 0; i < kMaxSlides && arena_->LargestFreeChunk() < rounded;
+       ++i) {
+    BfcArena::ChunkHandle h = arena_->HandleFor(pos);
+    if (h == BfcArena::kInvalidChunk) break;
+    const BfcArena::Chunk* c = arena_->chunk(h);
+    const BfcArena::ChunkHandle up = c->next;
+    if (c->in_use() || up == BfcArena::kInvalidChunk ||
+        arena_->chunk(up)->ptr >= hi) {
+      if (c->in_use()) {  // taken meanwhile: go on above it
+        pos = c->ptr + c->size;
+        continue;
+      }
+      break;
+    }
+    const BfcArena::Chunk* uc = arena_->chunk(up);
+    Buffer* b = static_cast<Buffer*>(uc->owner);
+    const size_t size = uc->size;
+    if (!Movable(b) || c->size < size / kMaxSlidePieces) {
+      pos = uc->ptr + size;  // stays: the free chunk below it stays too
+      continue;
+    }
+    TFLMS_RETURN_IF_ERROR(SlideDownLocked(lock, b, h));
+    *moved += size;
+    pos += size;
+  }
+  if (*moved > 0) ++counters_.num_defragmentations;
+  return Status::Ok();
+}
+
+Status Engine::Impl::SlideDownLocked(std::unique_lock<std::mutex>& lock,
+                                     Buffer* b, BfcArena::ChunkHandle below) {
+  const size_t gap = arena_->chunk(below)->size;
+  // Held while the copy runs, so that nothing is placed where it writes.
+  const BfcArena::ChunkHandle held =
+      arena_->TakeFreeChunk(below, gap, gap, b);
+  AddChunkBytes(b, static_cast<int64_t>(gap));
+  char* const dst = arena_->chunk(held)->ptr;
+  const char* const src = b->device_ptr;
+  const size_t bytes = b->size;
+  b->state = BufferState::kMoving;  // Pin waits; stays on the LRU
+  ++transitions_in_flight_;
+  lock.unlock();
+
+  Stream* compute = device_->GetStream(StreamKind::kCompute);
+  Status status;
+  std::string before;
+  if (options_.verify_moves) {
+    before.resize(bytes);
+    status = device_->ReadDeviceSync(&before[0], src, bytes);
+  }
+  bool written = false;
+  for (size_t off = 0; status.ok() && off < bytes; off += gap) {
+    status = device_->CopyDeviceToDevice(compute, dst + off, src + off,
+                                         std::min(gap, bytes - off));
+    written = written || status.ok();
+  }
+  if (status.ok()) {
+    EventRef done = device_->RecordEvent(compute, &status);
+    if (done) status = device_->SynchronizeEvent(done);
+  }
+  if (status.ok() && options_.verify_moves) {
+    std::string after(bytes, '\0');
+    status = device_->ReadDeviceSync(&after[0], dst, bytes);
+    if (status.ok() && after != before) {
+      status = Internal("defragmentation verification failed: a buffer "
+                        "slid within the device differs from its bytes "
+                        "before the slide");
+    }
+  }
+
+  lock.lock();
+  --transitions_in_flight_;
+  if (status.ok()) {
+    const BfcArena::ChunkHandle old = b->chunk;
+    arena_->SlideDown(held, old);  // `old` now names the bytes left behind
+    b->chunk = held;
+    b->device_ptr = dst;
+    b->last_use_epoch = 0;  // the new address has never been used
+    b->ready.reset();
+    AddChunkBytes(b, -static_cast<int64_t>(gap));
+    arena_->FreeChunk(old, ReuseAfterNowLocked());  // copies ran on compute
+    counters_.bytes_defragged += static_cast<int64_t>(bytes);
+  } else {
+    AddChunkBytes(b, -static_cast<int64_t>(gap));
+    arena_->FreeChunk(held, ReuseAfterNowLocked());
+    if (written) {
+      status = Internal("sliding a buffer within the device failed after "
+                        "part of it was copied, so its bytes are lost: " +
+                        status.ToString());
+    }
+  }
+  b->state = BufferState::kResident;
+  if (b->free_requested) DestroyBufferLocked(b);
+  cv_.notify_all();
+  return status;
 }
 
 Status Engine::Impl::Defragment(size_t* bytes_moved) {

@@ -310,6 +310,34 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
       cv_.wait(lock);
     }
   }
+  // The host pool is full, so nothing more can be paged out, yet the device
+  // may still hold the request in bytes, split by inactive buffers. Moving
+  // those within the device needs no host room, so even with
+  // defragmentation off it is tried once before giving up: the alternative
+  // is an out-of-memory error. UNet3D at 480^3 on a GH200 with prefetch had
+  // 32.3 GB free, 11.7 GB at most in one chunk, for a 14.2 GB output with
+  // the 128 GiB pool full and five 14.2 GB buffers around the holes (defrag.cc,
+  // SlideFor).
+  // Where every hole is smaller than the buffers around it, nothing finds
+  // a destination elsewhere; sliding them down within their run does.
+  if (options_.lms_enabled && max_source >= AllocSource::kFullReclaim &&
+      host_status.code() == Code::kResourceExhausted) {
+    size_t moved = 0;
+    if (!options_.defrag_enabled) (void)DefragFor(lock, rounded, &moved);
+    h = find(false);
+    if (h == BfcArena::kInvalidChunk) {
+      Status s = SlideFor(lock, rounded, &moved);
+      if (!s.ok() && s.code() != Code::kResourceExhausted) {
+        *status = s;  // a device fault: not an out-of-memory error
+        return BfcArena::kInvalidChunk;
+      }
+      h = find(false);
+    }
+    if (h != BfcArena::kInvalidChunk) {
+      ++counters_.num_host_full_defrags;
+      return done(h, AllocSource::kDefrag);
+    }
+  }
   // A prefetch that finds no room without costly reclaims gives up; that is
   // not an out-of-memory anyone sees.
   if (max_source >= AllocSource::kFullReclaim) ++counters_.num_ooms;

@@ -338,6 +338,15 @@ class Engine::Impl {
   // Makes a free chunk of `rounded` bytes by moving inactive buffers.
   Status DefragFor(std::unique_lock<std::mutex>& lock, size_t rounded,
                    size_t* moved);
+  // Makes a free chunk of `rounded` bytes by sliding the inactive buffers
+  // of one run of chunks toward its low end, each within its own run: for
+  // when no buffer finds a destination elsewhere (DefragFor) and the host
+  // is full.
+  Status SlideFor(std::unique_lock<std::mutex>& lock, size_t rounded,
+                  size_t* moved);
+  // Moves `b` down into the free chunk `below` that ends where it starts.
+  Status SlideDownLocked(std::unique_lock<std::mutex>& lock, Buffer* b,
+                         BfcArena::ChunkHandle below);
   Status Defragment(size_t* bytes_moved);
   bool Movable(const Buffer* b) const;
   Status MoveBuffers(std::unique_lock<std::mutex>& lock,

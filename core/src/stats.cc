@@ -45,6 +45,7 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"num_group_gathers", num_group_gathers},
       {"bytes_group_gathered", bytes_group_gathered},
       {"num_stranded_round_trips", num_stranded_round_trips},
+      {"num_host_full_defrags", num_host_full_defrags},
       {"num_prefetches", num_prefetches},
       {"prefetch_hits", prefetch_hits},
       {"prefetch_misses", prefetch_misses},

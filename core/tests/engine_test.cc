@@ -722,6 +722,64 @@ TEST(ABufferThatWouldLeaveNoGapItsOwnSizeComesBackBesideAWall) {
   }
 }
 
+TEST(WithTheHostFullBuffersSlideDownToJoinTheHoles) {
+  // A 256, B 256 and C 192 KiB are inactive on a 1 MiB device, with holes of
+  // 160 KiB between them: 320 KiB free, none of it in one piece large
+  // enough for 288 KiB. The host pool (128 KiB) takes none of them, and no
+  // buffer finds a hole of its own size elsewhere, so neither paging out
+  // nor moving (DefragFor) makes room. B slides down into the hole below
+  // it, in two pieces since the hole is smaller than B, and the holes join.
+  // With SlideFor disabled in the engine the request is out of memory
+  // (checked by hand: "LMS host memory pool is full"). With a host pool
+  // that takes B, nothing slides. Defragmentation on or off alike.
+  constexpr size_t kK = 1024;
+  for (size_t host : {128 * kK, 4 * kMiB}) {
+    for (bool defrag : {false, true}) {
+      Fixture f(1 * kMiB, host, /*lms=*/true, defrag, false, 0,
+                /*allow_growth=*/false);
+      Status s;
+      void* pa = nullptr;
+      Buffer* a = f.engine_->AllocateBuffer(256 * kK, false, &s);
+      Buffer* g1 = f.engine_->AllocateBuffer(160 * kK, false, &s);
+      Buffer* b = f.engine_->AllocateBuffer(256 * kK, false, &s);
+      Buffer* g2 = f.engine_->AllocateBuffer(160 * kK, false, &s);
+      Buffer* c = f.engine_->AllocateBuffer(192 * kK, false, &s);
+      EXPECT_OK(s);
+      std::vector<std::pair<Buffer*, std::string>> kept;
+      for (Buffer* x : {a, b, c}) {
+        kept.emplace_back(x, Pattern(x == c ? 192 * kK : 256 * kK,
+                                     static_cast<uint32_t>(kept.size())));
+        EXPECT_OK(f.engine_->WriteBuffer(x, 0, kept.back().second.data(),
+                                         kept.back().second.size()));
+      }
+      EXPECT_OK(f.engine_->Pin(a, &pa));
+      EXPECT_OK(f.engine_->Unpin(a));
+      EXPECT_OK(f.engine_->FreeBuffer(g1));
+      EXPECT_OK(f.engine_->FreeBuffer(g2));
+      Buffer* out = f.engine_->AllocateBuffer(288 * kK, true, &s);
+      EXPECT_OK(s);
+      EXPECT(out != nullptr);
+      const EngineStats st = f.engine_->GetStats();
+      if (host == 128 * kK) {
+        EXPECT(st.num_host_full_defrags == 1);
+        EXPECT(st.bytes_reclaimed == 0);
+        EXPECT(st.bytes_defragged == static_cast<int64_t>(256 * kK));
+        void* pb = nullptr;
+        EXPECT_OK(f.engine_->Pin(b, &pb));
+        EXPECT(static_cast<char*>(pb) == static_cast<char*>(pa) + 256 * kK);
+        EXPECT_OK(f.engine_->Unpin(b));
+      } else {
+        EXPECT(st.num_host_full_defrags == 0);
+        EXPECT(st.bytes_reclaimed > 0);
+      }
+      for (auto& [x, pattern] : kept) EXPECT(Holds(f.engine_.get(), x, pattern));
+      EXPECT_OK(f.engine_->Unpin(out));
+      for (Buffer* x : {out, a, b, c}) EXPECT_OK(f.engine_->FreeBuffer(x));
+      EXPECT_OK(f.engine_->CheckInvariants());
+    }
+  }
+}
+
 TEST(HostPoolSplitsAFreedChunkForASmallerRequest) {
   // TensorFlow's split rule gives a request a whole free chunk when the
   // chunk is under twice the request and the rest under 128 MB: here the

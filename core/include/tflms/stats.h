@@ -67,6 +67,10 @@ struct EngineStats {
   // Buffers paged out and back in before their pin because, pinned where
   // they lay, they would have left no gap as large as themselves.
   int64_t num_stranded_round_trips = 0;
+  // Allocations that found room only by moving inactive buffers within the
+  // device once the host pool was full, with defragmentation off (its
+  // moves count in num_defragmentations and bytes_defragged too).
+  int64_t num_host_full_defrags = 0;
 
   // --- prefetch ---
   int64_t num_prefetches = 0;        // page-ins issued ahead of use
