@@ -346,6 +346,23 @@ def test_padding_given_back_inside_tensorflow_keeps_values() -> None:
     assert on_demand["stats"]["bytes_padding_trimmed"] == 0
 
 
+@pytest.mark.parametrize("mode", ["lms", "defrag"])
+def test_with_the_host_full_tensors_slide_together_inside_tensorflow(mode: str) -> None:
+    # Holes of 640 KiB between inactive 1 MiB tensors and a 512 KiB host side that
+    # takes none of them: the 1216 KiB output of a real TensorFlow op fits once the
+    # middle tensor slides down within the device (its copy in two overlapping-range
+    # pieces, every pin verified), with defragmentation off as on, and every value is
+    # bit-identical to stock. Before the slide this was an out-of-memory error.
+    stock = stock_output("host_full")
+    result = run_case("host_full", mode)
+    assert program_output(result) == stock
+    stats = result["stats"]
+    assert stats["num_host_full_defrags"] == 1, stats
+    assert stats["bytes_defragged"] == 1 << 20, stats
+    assert stats["bytes_reclaimed"] == 0, stats
+    assert stats["num_ooms"] == 0, stats
+
+
 def test_page_out_scattered_over_a_fragmented_host_side_keeps_values() -> None:
     # A 1 MiB host side whose free bytes are two holes of 400 and 424 KiB: a 700 KiB
     # tensor's page-out is copied in two pieces and paged back in from them, inside

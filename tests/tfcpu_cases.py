@@ -45,13 +45,14 @@ DEVICE_MEMORY = {
     "keras_fit": "2368KiB",
     "padding": "24MiB",
     "host_pieces": "8MiB",
+    "host_full": "4544KiB",
     "list_stack": "1MiB",
     "array_gather": "1MiB",
 }
 
 # Host memory for reclaimed bytes per case (TF_GPU_HOST_MEM_LIMIT_IN_MB's role): 1 GiB,
 # more than any case needs, except where the case is about the host side.
-HOST_MEMORY: dict[str, str] = {"host_pieces": "1MiB"}
+HOST_MEMORY: dict[str, str] = {"host_pieces": "1MiB", "host_full": "512KiB"}
 
 
 def _setup(case: str, mode: str) -> Any:
@@ -612,6 +613,26 @@ def host_pieces(tf: Any) -> dict[str, Any]:
     return {"values": _hex(values), "scattered": scattered}
 
 
+def host_full(tf: Any) -> dict[str, Any]:
+    # Holes of 640 KiB between inactive 1 MiB tensors, with a host side (512 KiB) that
+    # takes none of them: the 1216 KiB output fits only once b slides down into the
+    # hole below it and the holes join (defrag.cc, SlideFor). No tensor finds a hole
+    # of its own size to move to, so moving alone (DefragFor) cannot make the room.
+    kib = 256  # float32 elements per KiB
+    # Room for the reductions' outputs, freed at the bottom: c takes the rest of the
+    # device whole (a chunk under twice a request is not split, as in TensorFlow's BFC).
+    spare = [tf.fill([16 * kib], 0.0) for _ in range(4)]
+    a = tf.fill([1024 * kib], 1.0)
+    g1 = tf.fill([640 * kib], 2.0)
+    b = tf.range(1024 * kib, dtype=tf.float32)
+    g2 = tf.fill([640 * kib], 4.0)
+    c = tf.fill([1024 * kib], 5.0)
+    del g1, g2, spare
+    big = tf.range(1216 * kib, dtype=tf.float32)
+    values = [tf.reduce_sum(x) for x in (a, b, c, big)] + [b[12345], b[-1]]
+    return {"values": _hex(values)}
+
+
 CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "cnn": cnn,
     "rnn": rnn,
@@ -633,6 +654,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "keras_fit": keras_fit,
     "padding": padding,
     "host_pieces": host_pieces,
+    "host_full": host_full,
     "list_stack": list_stack,
     "array_gather": array_gather,
 }

@@ -9,6 +9,8 @@
 //     in two holes, DMA'd in two pieces and paged back in from them;
 //   * gathered group: small buffers strewn over the device, named as a group
 //     before their pins, paged out and back into one run (gather.cc);
+//   * slide with the host full: a buffer copied down over its own range in
+//     pieces (defrag.cc, SlideFor), so the holes around it join;
 //   * training workload (training_workload.h): CUDA kernels on the engine's
 //     compute stream write and check every word while the engine pages,
 //     prefetches, defragments or remaps behind them, the host running ahead
@@ -45,6 +47,16 @@ EngineOptions BaseOptions() {
   options.host_memory_limit = size_t{1} << 30;
   options.defrag_enabled = true;
   options.verify_moves = true;
+  return options;
+}
+
+// A 1 MiB device taken as one region up front (TensorFlow's default), so that
+// buffers lie in the order they were made.
+EngineOptions OneRegionOptions(size_t host_memory_limit) {
+  EngineOptions options;
+  options.memory_limit = kMiB;
+  options.host_memory_limit = host_memory_limit;
+  options.allow_growth = false;
   return options;
 }
 
@@ -136,10 +148,7 @@ void GatheredGroup(CudaDevice* device) {
   // group first, they are paged out and back into one run over the DMA
   // engines, every byte intact, and the 124 KiB allocation fits.
   constexpr size_t kSmall = 4 * 1024, kBig = 28 * 1024, kCount = 31;
-  EngineOptions options;
-  options.memory_limit = kMiB;
-  options.host_memory_limit = 4 * kMiB;
-  options.allow_growth = false;
+  EngineOptions options = OneRegionOptions(4 * kMiB);
   options.verify_pins = true;
   Engine engine(device, options);
   Status status = engine.Init();
@@ -186,6 +195,52 @@ void GatheredGroup(CudaDevice* device) {
              ", " + std::to_string(st.bytes_group_gathered) + " bytes gathered, " +
              (together ? "in one run" : "NOT in one run") + ", " + std::to_string(corrupt) +
              " corrupt");
+}
+
+void SlideWithTheHostFull(CudaDevice* device) {
+  // A 256, B 256 and C 192 KiB lie between holes of 160 KiB on a 1 MiB
+  // device, and the 128 KiB host pool takes none of them: the 288 KiB
+  // request fits once B slides down into the hole below it, copied in two
+  // pieces whose destination overlaps B's own range, each after the last on
+  // the compute stream. Every byte of A, B and C is read back.
+  constexpr size_t kK = 1024;
+  EngineOptions options = OneRegionOptions(128 * kK);
+  options.verify_moves = true;
+  Engine engine(device, options);
+  Status status = engine.Init();
+  if (!status.ok()) return Report("slide with the host full", false, status.ToString());
+  std::vector<Buffer*> all;
+  for (size_t size : {256 * kK, 160 * kK, 256 * kK, 160 * kK, 192 * kK}) {
+    all.push_back(engine.AllocateBuffer(size, false, &status));
+    if (all.back() == nullptr) return Report("slide with the host full", false, status.ToString());
+  }
+  Buffer* const kept[] = {all[0], all[2], all[4]};
+  std::vector<std::string> data;
+  int corrupt = 0;
+  for (Buffer* b : kept) {
+    const size_t size = b == all[4] ? 192 * kK : 256 * kK;
+    data.emplace_back(size, '\0');
+    for (size_t i = 0; i < size; ++i) data.back()[i] = static_cast<char>(i * 131 + data.size());
+    if (!engine.WriteBuffer(b, 0, data.back().data(), size).ok()) ++corrupt;
+  }
+  engine.FreeBuffer(all[1]);
+  engine.FreeBuffer(all[3]);
+  Buffer* out = engine.AllocateBuffer(288 * kK, false, &status);
+  std::string got;
+  for (size_t i = 0; i < 3; ++i) {
+    got.assign(data[i].size(), '\0');
+    if (!engine.ReadBuffer(kept[i], 0, &got[0], got.size()).ok() || got != data[i]) ++corrupt;
+  }
+  const EngineStats st = engine.GetStats();
+  const bool invariants_ok = engine.CheckInvariants().ok();
+  if (out != nullptr) engine.FreeBuffer(out);
+  for (Buffer* b : kept) engine.FreeBuffer(b);
+  Report("slide with the host full",
+         out != nullptr && st.num_host_full_defrags == 1 && st.bytes_reclaimed == 0 &&
+             corrupt == 0 && invariants_ok,
+         std::string(out != nullptr ? "output fits" : "NO room: " + status.ToString()) +
+             ", " + std::to_string(st.bytes_defragged) + " bytes slid, " +
+             std::to_string(corrupt) + " corrupt");
 }
 
 void FixedAddressRoundTrip(CudaDevice* device) {
@@ -305,6 +360,7 @@ int main() {
   RoundTrip(device.get());
   ScatteredHostCopy(device.get());
   GatheredGroup(device.get());
+  SlideWithTheHostFull(device.get());
   FixedAddressRoundTrip(device.get());
   Workload(device.get(), stream, "workload, on demand", false, false, false);
   Workload(device.get(), stream, "workload, prefetch", true, false, false);
