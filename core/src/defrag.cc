@@ -136,15 +136,10 @@ Status Engine::Impl::MoveBuffers(
     AddChunkBytes(b, -static_cast<int64_t>(arena_->chunk(drop)->size));
     arena_->FreeChunk(drop, ReuseAfterNowLocked());  // moves ran on compute
     if (status.ok()) {
-      b->chunk = m.dst;
-      b->device_ptr = m.dst_ptr;
-      b->last_use_epoch = 0;  // the new address has never been used
-      b->ready.reset();
-      counters_.bytes_defragged += static_cast<int64_t>(m.size);
+      NoteMovedLocked(b, m.dst);
       *moved += m.size;
     }
-    b->state = BufferState::kResident;
-    if (b->free_requested) DestroyBufferLocked(b);
+    EndMoveLocked(b);
   }
   if (*moved > 0) ++counters_.num_defragmentations;
   cv_.notify_all();
@@ -215,40 +210,23 @@ Status Engine::Impl::DefragFor(std::unique_lock<std::mutex>& lock,
 Status Engine::Impl::SlideFor(std::unique_lock<std::mutex>& lock,
                               size_t rounded, size_t* moved) {
   *moved = 0;
-  if (fixed_) return ResourceExhausted("nothing moves in fixed-address mode");
   TFLMS_RETURN_IF_ERROR(SyncLastUses(lock));
-  // The run of free and movable chunks whose free bytes reach `rounded`
-  // with the fewest bytes to move, as ScanWindows finds runs by total size.
+  // The run whose free bytes reach `rounded` with the fewest bytes to move.
   const char* lo = nullptr;
   const char* hi = nullptr;
   size_t best_cost = std::numeric_limits<size_t>::max();
-  arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
-    BfcArena::ChunkHandle left = first;
-    size_t free = 0, cost = 0;
-    for (BfcArena::ChunkHandle right = first; right != BfcArena::kInvalidChunk;
-         right = arena_->chunk(right)->next) {
-      const BfcArena::Chunk* rc = arena_->chunk(right);
-      if (rc->in_use() && !Movable(static_cast<const Buffer*>(rc->owner))) {
-        left = rc->next;
-        free = cost = 0;
-        continue;
-      }
-      (rc->in_use() ? cost : free) += rc->size;
-      // Leading buffers only add cost; leading free chunks go while the
-      // rest still holds the request.
-      while (left != right) {
-        const BfcArena::Chunk* lc = arena_->chunk(left);
-        if (!lc->in_use() && free - lc->size < rounded) break;
-        (lc->in_use() ? cost : free) -= lc->size;
-        left = lc->next;
-      }
-      if (free >= rounded && cost > 0 && cost < best_cost) {
+  ScanFreeRuns(
+      *arena_, rounded,
+      [&](const BfcArena::Chunk& c) {
+        return Movable(static_cast<const Buffer*>(c.owner));
+      },
+      [&](BfcArena::ChunkHandle first, BfcArena::ChunkHandle last,
+          size_t cost) {
+        if (cost >= best_cost) return;
         best_cost = cost;
-        lo = arena_->chunk(left)->ptr;
-        hi = rc->ptr + rc->size;
-      }
-    }
-  });
+        lo = arena_->chunk(first)->ptr;
+        hi = arena_->chunk(last)->ptr + arena_->chunk(last)->size;
+      });
   if (lo == nullptr) return ResourceExhausted("no run of chunks can slide");
   // Walk up from the run's first (free) chunk. Each slide releases mu_, so
   // the walk goes by address, never by a chunk or buffer seen before it.
@@ -328,13 +306,9 @@ Status Engine::Impl::SlideDownLocked(std::unique_lock<std::mutex>& lock,
   if (status.ok()) {
     const BfcArena::ChunkHandle old = b->chunk;
     arena_->SlideDown(held, old);  // `old` now names the bytes left behind
-    b->chunk = held;
-    b->device_ptr = dst;
-    b->last_use_epoch = 0;  // the new address has never been used
-    b->ready.reset();
+    NoteMovedLocked(b, held);
     AddChunkBytes(b, -static_cast<int64_t>(gap));
     arena_->FreeChunk(old, ReuseAfterNowLocked());  // copies ran on compute
-    counters_.bytes_defragged += static_cast<int64_t>(bytes);
   } else {
     AddChunkBytes(b, -static_cast<int64_t>(gap));
     arena_->FreeChunk(held, ReuseAfterNowLocked());
@@ -344,10 +318,22 @@ Status Engine::Impl::SlideDownLocked(std::unique_lock<std::mutex>& lock,
                         status.ToString());
     }
   }
-  b->state = BufferState::kResident;
-  if (b->free_requested) DestroyBufferLocked(b);
+  EndMoveLocked(b);
   cv_.notify_all();
   return status;
+}
+
+void Engine::Impl::NoteMovedLocked(Buffer* b, BfcArena::ChunkHandle chunk) {
+  b->chunk = chunk;
+  b->device_ptr = arena_->chunk(chunk)->ptr;
+  b->last_use_epoch = 0;  // the new address has never been used
+  b->ready.reset();
+  counters_.bytes_defragged += static_cast<int64_t>(b->size);
+}
+
+void Engine::Impl::EndMoveLocked(Buffer* b) {
+  b->state = BufferState::kResident;
+  if (b->free_requested) DestroyBufferLocked(b);
 }
 
 Status Engine::Impl::Defragment(size_t* bytes_moved) {

@@ -314,14 +314,13 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
   // may still hold the request in bytes, split by inactive buffers. Moving
   // those within the device needs no host room, so even with
   // defragmentation off it is tried once before giving up: the alternative
-  // is an out-of-memory error. UNet3D at 480^3 on a GH200 with prefetch had
-  // 32.3 GB free, 11.7 GB at most in one chunk, for a 14.2 GB output with
-  // the 128 GiB pool full and five 14.2 GB buffers around the holes (defrag.cc,
-  // SlideFor).
-  // Where every hole is smaller than the buffers around it, nothing finds
-  // a destination elsewhere; sliding them down within their run does.
-  if (options_.lms_enabled && max_source >= AllocSource::kFullReclaim &&
-      host_status.code() == Code::kResourceExhausted) {
+  // is an out-of-memory error. Where every hole is smaller than the buffers
+  // around it, no buffer finds a destination elsewhere (DefragFor), but
+  // sliding them down within their run does (defrag.cc, SlideFor): UNet3D
+  // at 480^3 on a GH200 with prefetch had 32.3 GB free, 11.7 GB at most in
+  // one chunk, for a 14.2 GB output, with the 128 GiB pool full and five
+  // 14.2 GB buffers around the holes.
+  if (max_source >= AllocSource::kFullReclaim && HostRefused(host_status)) {
     size_t moved = 0;
     if (!options_.defrag_enabled) (void)DefragFor(lock, rounded, &moved);
     h = find(false);

@@ -341,12 +341,22 @@ class Engine::Impl {
   // Makes a free chunk of `rounded` bytes by sliding the inactive buffers
   // of one run of chunks toward its low end, each within its own run: for
   // when no buffer finds a destination elsewhere (DefragFor) and the host
-  // is full.
+  // is full. Never in fixed-address mode (AllocateChunkFixed).
   Status SlideFor(std::unique_lock<std::mutex>& lock, size_t rounded,
                   size_t* moved);
   // Moves `b` down into the free chunk `below` that ends where it starts.
   Status SlideDownLocked(std::unique_lock<std::mutex>& lock, Buffer* b,
                          BfcArena::ChunkHandle below);
+  // A move or slide of `b` to `chunk` completed: its new address.
+  void NoteMovedLocked(Buffer* b, BfcArena::ChunkHandle chunk);
+  // A move or slide of `b` ended, done or not (kMoving -> kResident).
+  void EndMoveLocked(Buffer* b);
+  // An allocation's page-out was refused by the full host pool: SlideFor is
+  // its last resort (engine.cc), and defragmentation would add nothing.
+  bool HostRefused(const Status& host_status) const {
+    return options_.lms_enabled &&
+           host_status.code() == Code::kResourceExhausted;
+  }
   Status Defragment(size_t* bytes_moved);
   bool Movable(const Buffer* b) const;
   Status MoveBuffers(std::unique_lock<std::mutex>& lock,

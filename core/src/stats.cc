@@ -372,8 +372,7 @@ std::string Engine::Impl::OutOfMemoryMessage(size_t bytes, size_t rounded,
       m << " by tensors in use, which nothing can move (device memory in "
            "address order:"
         << FragmentationLayout() << ")";
-    } else if (options_.lms_enabled &&
-               host_status.code() == Code::kResourceExhausted) {
+    } else if (HostRefused(host_status)) {
       // The host was full, so SlideFor (defrag.cc) ran whatever
       // lms_defrag_enabled says: the knob would not help.
       m << "; moving the inactive tensors within the device did not join "
