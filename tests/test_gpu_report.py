@@ -124,3 +124,26 @@ def test_launch_queue_figures_are_rendered_when_measured() -> None:
     assert f"{g['launch_us']:.1f} us of host time per launch" in md
     assert f"first blocked at launch {g['launch_queue_depth']:.0f}" in md
     assert "### Launch queue" not in "\n".join(gpu_markdown(load_bench(BENCH)))
+
+
+def test_the_tests_sentence_is_read_from_the_run_s_own_logs(tmp_path: Path) -> None:
+    run8 = GPU_DIR / "h200-2026-11-27-run8-bench.json"
+    m = load_bench(run8)
+    log = (GPU_DIR / "h200-2026-11-27-run8-tests.txt").read_text()
+    assert m["tests"]["passed"] and len(m["tests"]["passed"]) == log.count("[ OK ]")
+    assert "slide with the host full" in m["tests"]["passed"]
+    assert m["tests"]["memcheck_errors"] == 0
+    md = "\n".join(gpu_markdown(m))
+    assert f"all {log.count('[ OK ]')} passed there, also under compute-sanitizer" in md
+    # A failing test and a dirty memcheck are said, never rounded into a pass; without a
+    # test log the page claims nothing about tests.
+    (tmp_path / "x-bench.json").write_text(run8.read_text())
+    tests = tmp_path / "x-tests.txt"
+    tests.write_text(log + "[FAIL] slide again: 3 corrupt\nFAILED\n")
+    (tmp_path / "x-memcheck.txt").write_text("========= ERROR SUMMARY: 2 errors\n")
+    md = "\n".join(gpu_markdown(load_bench(tmp_path / "x-bench.json")))
+    assert "1 of 11 FAILED there (slide again)" in md
+    assert "memcheck (2 errors;" in md
+    tests.unlink()
+    md = "\n".join(gpu_markdown(load_bench(tmp_path / "x-bench.json")))
+    assert "CUDA engine tests" not in md

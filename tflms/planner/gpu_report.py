@@ -62,7 +62,57 @@ def load_bench(path: Path) -> dict[str, Any]:
                     strict=False,
                 )
             )
+    tests = _sibling(path, "-tests.txt")
+    if tests is not None:
+        out["tests"] = read_test_log(tests, _sibling(path, "-memcheck.txt"))
     return out
+
+
+def _sibling(path: Path, suffix: str) -> Path | None:
+    other = path.with_name(path.name.replace("-bench.json", suffix))
+    return other if other != path and other.exists() else None
+
+
+def read_test_log(tests: Path, memcheck: Path | None) -> dict[str, Any]:
+    """What `cuda_engine_test` printed: the names of the tests that passed and failed, and
+    compute-sanitizer's error count where the same tests ran under memcheck."""
+    passed: list[str] = []
+    failed: list[str] = []
+    for line in tests.read_text(encoding="utf-8").splitlines():
+        name = line.split("]", 1)[-1].split(":", 1)[0].strip()
+        if line.startswith("[ OK ]"):
+            passed.append(name)
+        elif line.startswith("[FAIL]"):
+            failed.append(name)
+    log: dict[str, Any] = {"passed": passed, "failed": failed, "memcheck_errors": None}
+    if memcheck is not None:
+        for line in memcheck.read_text(encoding="utf-8").splitlines():
+            if "ERROR SUMMARY:" in line:
+                log["memcheck_errors"] = int(line.split("ERROR SUMMARY:", 1)[1].split()[0])
+    return log
+
+
+def _tests_sentence(measured: dict[str, Any]) -> str:
+    log = measured.get("tests")
+    if not log or not (log["passed"] or log["failed"]):
+        return ""
+    total = len(log["passed"]) + len(log["failed"])
+    verdict = (
+        f"all {total} passed there"
+        if not log["failed"]
+        else f"{len(log['failed'])} of {total} FAILED there ({', '.join(log['failed'])})"
+    )
+    errors = log["memcheck_errors"]
+    memcheck = (
+        ""
+        if errors is None
+        else f", also under compute-sanitizer's memcheck ({errors} errors; the "
+        "`-memcheck.txt` file beside it)"
+    )
+    return (
+        f" The CUDA engine tests (`make cuda-test`: {'; '.join(log['passed'] + log['failed'])}; "
+        f"every word checked): {verdict}{memcheck}."
+    )
 
 
 def _f(x: float | None, fmt: str = "{:.3f}") -> str:
@@ -138,10 +188,7 @@ def gpu_markdown(measured: dict[str, Any]) -> list[str]:
         f"One {g['device']}{link}{driver}, lent for a few minutes{engine} "
         f"(`make bench-cuda`; the raw output is [{Path(measured['file']).name}]"
         f"(gpu/{Path(measured['file']).name}) and its neighbours in docs/gpu/). "
-        "These are measurements, not predictions. The CUDA engine tests "
-        "(`make cuda-test`: round trips, fixed addresses, and the training workload below "
-        "in five engine modes with every word checked) passed there, also under "
-        "compute-sanitizer's memcheck (0 errors; the `-memcheck.txt` file beside it).",
+        f"These are measurements, not predictions.{_tests_sentence(measured)}",
         "",
         "### Copy bandwidth: the engine's copy streams against the card",
         "",
