@@ -4,7 +4,8 @@
 # CUDA benchmark. Binaries built here (make build/cuda_engine_test
 # build/cuda_bench) are used when they start; otherwise they are rebuilt with
 # the machine's nvcc. EXTRAS=0 skips the copy-lane and step-by-step tools
-# (at most 8 files come back from a lent machine). Logs and the benchmark's JSON go to ${OUT:-out/gpu}.
+# (at most 8 files come back from a lent machine). Logs and the benchmark's
+# JSON go to ${OUT:-out/gpu}.
 set -u
 out=${OUT:-out/gpu}
 mkdir -p "$out"

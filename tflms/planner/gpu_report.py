@@ -45,13 +45,14 @@ MODES = (
 
 
 def load_bench(path: Path) -> dict[str, Any]:
-    """The benchmark's JSON, with the nvidia-smi line of its `-machine.txt` sibling if any."""
+    """The benchmark's JSON, with the nvidia-smi line of its `-machine.txt` sibling and the
+    test results of its `-tests.txt` and `-memcheck.txt` siblings, where they exist."""
     figures = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(figures, dict) or "device" not in figures:
         raise ValueError(f"{path} is not a cuda_bench JSON (no 'device')")
     out: dict[str, Any] = {"file": str(path), "figures": figures}
-    machine = path.with_name(path.name.replace("-bench.json", "-machine.txt"))
-    if machine != path and machine.exists():
+    machine = _sibling(path, "-machine.txt")
+    if machine is not None:
         lines = machine.read_text(encoding="utf-8").splitlines()
         heads = [i for i, line in enumerate(lines) if line.startswith("name,")]
         if heads and heads[0] + 1 < len(lines):
