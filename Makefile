@@ -13,7 +13,7 @@ TEST_HDRS := $(wildcard core/tests/*.h)
 CXXFLAGS_CORE := -std=c++17 -Wall -Wextra -Werror -Icore/include -Icore/src -pthread
 
 .PHONY: help install test test-fast lint cpp-test sanitize cuda-test patches verify verify-all \
-        verify-nightly bench bench-prefetch bench-cuda demo results transformers soak wheel clean addon-check addon-check-all
+        verify-nightly bench bench-prefetch bench-cuda demo results transformers steadiness soak wheel clean addon-check addon-check-all
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -126,6 +126,9 @@ results: install transformers ## Regenerate every figure: docs/results.md (sever
 
 transformers: install ## Regenerate docs/transformers.md (keras-hub GPT-2, BERT, Llama on 16 GB V100s, fp32 and mixed)
 	$(PY) -m tflms transformers --force --json-output docs/transformers.json
+
+steadiness: install ## Replay every point of docs/results.md for 30 steps: mean, fastest and slowest step (docs/steadiness.md)
+	$(PY) -m tflms steadiness --force --json-output docs/steadiness.json
 
 soak: install ## A million random engine operations against a reference model
 	$(PY) -m tests.soak --ops 1000000

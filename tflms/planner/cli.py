@@ -1,4 +1,4 @@
-"""`tflms simulate`, `tflms demo`, `tflms results`, `tflms transformers`: the planner's commands.
+"""`tflms simulate`, `demo`, `results`, `transformers`, `steadiness`: the planner's commands.
 
 Nothing heavy is imported at module level: `tflms --help` stays instant.
 """
@@ -220,6 +220,26 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--force", action="store_true", help="overwrite a file tflms did not write")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     t.set_defaults(func=cmd_transformers)
+
+    st = sub.add_parser(
+        "steadiness",
+        help="replay every point of docs/results.md for longer: is one step the mean?",
+        description="docs/results.md reports one step per row (on demand the second, with "
+        "prefetch the 20th). Replay every point of a saved results JSON for more steps and "
+        "report the mean, the fastest and the slowest step of each mode, and whether prefetch "
+        "wins by the means (docs/steadiness.md).",
+    )
+    st.add_argument("--results", default="docs/results.json", help="the saved `tflms results` JSON")
+    st.add_argument("--output", default="docs/steadiness.md", help="markdown file to write")
+    st.add_argument("--json-output", help="also write the step times as JSON here")
+    st.add_argument("--from-json", metavar="FILE", help="rewrite the markdown from saved JSON")
+    st.add_argument("--only", help="only the points whose label contains this text")
+    st.add_argument(
+        "--jobs", type=int, default=0, help="replays at a time (default: one per CPU core)"
+    )
+    st.add_argument("--force", action="store_true", help="overwrite a file tflms did not write")
+    st.add_argument("--no-progress", action="store_true", help="no progress bar")
+    st.set_defaults(func=cmd_steadiness)
 
 
 def _fail(msg: str) -> int:
@@ -643,4 +663,50 @@ def cmd_transformers(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(), save=save, quick=args.quick
     )
     print(f"wrote {out} ({res['seconds'] / 60:.1f} min)")
+    return 0
+
+
+def cmd_steadiness(args: argparse.Namespace) -> int:
+    import os
+
+    from tflms.planner import steadiness
+    from tflms.planner.simulate import progress_bar
+
+    out = Path(args.output)
+    reason = _check_writable(out, args.force, steadiness.STEADINESS_MARKER)
+    if reason:
+        return _fail(reason)
+    if args.from_json:
+        return _rewrite_from_json(
+            Path(args.from_json), out, lambda d: steadiness.markdown(steadiness.from_json(d))
+        )
+    reason = _engine_ready()
+    if reason:
+        return _fail(reason)
+    try:
+        saved = json.loads(Path(args.results).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return _fail(f"cannot read the saved results {args.results}: {exc} (`make results`)")
+    points = steadiness.points_of(saved)
+    if args.only:
+        points = [p for p in points if args.only in p.label()]
+    if not points:
+        return _fail(f"no point of {args.results} matches --only {args.only!r}")
+    if args.jobs < 0:
+        return _fail("--jobs must be 0 (one per CPU core) or more")
+    jobs = args.jobs or os.cpu_count() or 1
+    bar = progress_bar(
+        "steadiness", len(points), not args.no_progress and sys.stderr.isatty(), "point"
+    )
+    try:
+        measured = list(steadiness.measure(points, jobs, lambda p: bar.update(1)))
+    finally:
+        bar.close()
+    if args.json_output:
+        Path(args.json_output).write_text(
+            json.dumps(steadiness.to_json(measured), indent=2), encoding="utf-8"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(steadiness.markdown(measured), encoding="utf-8")
+    print(f"wrote {out} ({len(measured)} points)")
     return 0

@@ -96,7 +96,7 @@ def _step_cost(trace: Trace, machine: Machine, steps: int) -> dict[str, Any]:
     out["largest_op_bytes"] = largest
     out["without_lms_fits"] = replay(plan, machine.gpu, machine.config(lms=False), steps=1).fits
     for key, prefetch in (("on_demand", False), ("prefetch", True)):
-        r = replay(plan, machine.gpu, machine.config(prefetch=prefetch), steps=steps)
+        r = replay(plan, machine.gpu, machine.config(prefetch=prefetch), steps=steps, timed=True)
         out[key] = lms_json(r, unlimited.step_time_s, plan)
     return out
 

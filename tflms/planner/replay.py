@@ -407,19 +407,23 @@ class ReplayResult:
     fits: bool
     oom_message: str = ""
     oom_op: str = ""
-    steps: int = 0  # steps replayed (the last measured; an OOM may end them sooner)
-    step_time_s: float = 0.0  # host time of the measured step, streams drained
+    steps: int = 0  # steps replayed (an OOM may end them sooner)
+    measured_steps: int = 0  # the window at the end whose mean is measured
+    step_time_s: float = 0.0  # mean host time of the measured steps, drained at both ends
     compute_time_s: float = 0.0  # sum of modelled kernel times
     compute_stall_s: float = 0.0  # compute stream waiting for page-ins
     host_sync_wait_s: float = 0.0  # host thread blocked on events (page-outs, moves, ...)
     host_launch_wait_s: float = 0.0  # host thread blocked on a full launch queue
-    d2h_bytes: int = 0  # bytes swapped out in the measured step
-    h2d_bytes: int = 0  # bytes swapped in in the measured step
+    d2h_bytes: int = 0  # bytes swapped out per measured step
+    h2d_bytes: int = 0  # bytes swapped in per measured step
     d2h_busy_s: float = 0.0
     h2d_busy_s: float = 0.0
     stats: dict[str, int] = dataclasses.field(default_factory=dict)  # at the end
-    step_stats: dict[str, int] = dataclasses.field(default_factory=dict)  # measured-step deltas
+    step_stats: dict[str, int] = dataclasses.field(default_factory=dict)  # per measured step
     samples: list[Sample] = dataclasses.field(default_factory=list)
+    # Host time of every step run, in order: from its start to the next one's (the last,
+    # the measured step, from the drain before it to the drain after it).
+    host_step_s: list[float] = dataclasses.field(default_factory=list)
 
     def swap_bytes_per_direction(self) -> int:
         return max(self.d2h_bytes, self.h2d_bytes)
@@ -435,6 +439,7 @@ class ReplayResult:
             "fits": self.fits,
             "patch_default": self.config.patch_default,
             "steps": self.steps,
+            "measured_steps": self.measured_steps,
         }
         if not self.fits:
             out["oom_message"] = self.oom_message
@@ -510,11 +515,32 @@ def make_engine(config: EngineConfig, gpu: GpuModel) -> Any:
 # that does not. Two steps hid that: UNet3D at its largest size ran out of memory with
 # prefetch in step 3 on the A100-40 and the GH200, in step 8 on the A100-80 and the
 # H100, and InceptionV3 at batch 712 on the AC922 in step 16 (after a step 12 slower
-# than paging on demand), while paging on demand runs the same time in every step. Over
-# 30 steps no other point of docs/results.md failed, and none moved by more than 1.3%
-# between its 10th and its 30th. A replay with prefetch runs at least this many steps
-# and measures the last.
+# than paging on demand). A replay with prefetch runs at least this many steps.
 PREFETCH_MIN_STEPS = 20
+# Steps are not alike either, with prefetch or without: replayed for 30 steps
+# (docs/steadiness.md), the 3D U-Net's steps at 464^3 on the A100-80 took 11.1 to 18.8 s
+# with prefetch (mean 13.3 s, while the 20th, which the tables showed until November
+# 2026, took 11.1 s), 12.6 to 17.8 s on demand (the 2nd: 12.6 s); ResNet50's at batch
+# 1194 on the AC922 4.90 to 5.34 s with prefetch. So a replay measures the mean of a
+# window of steps: with prefetch those after the first PREFETCH_SETTLE_STEPS (its first
+# plans are made from steps that did not follow one yet), on demand all but the first
+# (nothing is on the host when it starts).
+PREFETCH_SETTLE_STEPS = 10
+# A replay whose step time is reported runs at least this many steps on demand (five
+# measured); a search probe, which asks only whether a batch fits, runs what it asks.
+TIMED_STEPS = 6
+
+
+def first_measured_step(config: EngineConfig, steps: int, timed: bool) -> int:
+    """The 1-based first step of the window a replay of `steps` steps measures.
+
+    Untimed replays (search probes) measure their last step, drained before it, as they
+    always did: which batches fit does not move with the window.
+    """
+    if not timed:
+        return steps
+    first = PREFETCH_SETTLE_STEPS + 1 if config.prefetch and config.lms else 2
+    return max(1, min(first, steps))
 
 
 def replay(
@@ -524,10 +550,13 @@ def replay(
     steps: int = 2,
     record: bool = False,
     on_op: Callable[[], None] | None = None,
+    timed: bool = False,
 ) -> ReplayResult:
-    """Runs `steps` training steps; measures the last. An out-of-memory error ends the replay.
+    """Runs `steps` training steps and measures them. An out-of-memory error ends the replay.
 
-    With prefetch, at least PREFETCH_MIN_STEPS steps.
+    With prefetch, at least PREFETCH_MIN_STEPS steps. `timed` (a step time that is
+    reported, not only whether it fits): at least TIMED_STEPS, and the mean step of the
+    window first_measured_step gives is measured; otherwise the last step.
 
     `record` samples engine state after every op of the measured step;
     `on_op` is called after every op (progress bars).
@@ -538,11 +567,13 @@ def replay(
         raise ValueError("steps must be at least 1")
     if config.prefetch and config.lms:
         steps = max(steps, PREFETCH_MIN_STEPS)
+    if timed:
+        steps = max(steps, TIMED_STEPS)
     # A replay that hangs inside the engine (a lost wake-up) cannot be interrupted from
     # Python: after the watchdog's time the process prints where it stood and exits.
     armed = _arm_watchdog(replay_timeout_s())
     try:
-        return _replay(plan, gpu, config, steps, record, on_op, tflms)
+        return _replay(plan, gpu, config, steps, record, on_op, timed, tflms)
     finally:
         if armed:
             faulthandler.cancel_dump_traceback_later()
@@ -571,6 +602,7 @@ def _replay(
     steps: int,
     record: bool,
     on_op: Callable[[], None] | None,
+    timed: bool,
     tflms: Any,
 ) -> ReplayResult:
     eng = make_engine(config, gpu)
@@ -584,12 +616,21 @@ def _replay(
         eng.synchronize()
         before = eng.timeline()
         stats_before = eng.stats()
+        starts: list[float] = []
+        first = first_measured_step(config, steps, timed) - 1
+        last_start = before
         for step in range(steps):
             measured = step == steps - 1
-            if measured:
+            if step == first:
+                # The window starts drained: what earlier steps left in flight is theirs.
                 eng.synchronize()
                 before = eng.timeline()
                 stats_before = eng.stats()
+            if measured:
+                last_start = eng.timeline()
+            starts.append(eng.timeline()["host_time"])
+            if len(starts) > 1:
+                result.host_step_s.append(starts[-1] - starts[-2])
             eng.step_begin()
             op_name = "(step inputs)"
             for tid, nbytes in plan.step_inputs:
@@ -618,11 +659,11 @@ def _replay(
                     tl = eng.timeline()
                     result.samples.append(
                         Sample(
-                            t=tl["compute_time"] - before["compute_time"],
+                            t=tl["compute_time"] - last_start["compute_time"],
                             active=s["bytes_active"],
                             inactive=s["bytes_inactive"],
                             reclaimed=s["current_bytes_reclaimed"],
-                            stall=tl["compute_stall"] - before["compute_stall"],
+                            stall=tl["compute_stall"] - last_start["compute_stall"],
                         )
                     )
                 for b in pinned:
@@ -644,18 +685,23 @@ def _replay(
         return result
     after = eng.timeline()
     stats_after = eng.stats()
-    result.step_time_s = after["host_time"] - before["host_time"]
+    n = steps - first
+    result.measured_steps = n
+    result.host_step_s.append(after["host_time"] - starts[-1])
+    # Per step: the window's totals over its steps.
+    result.step_time_s = (after["host_time"] - before["host_time"]) / n
     result.compute_time_s = plan.compute_s
-    result.compute_stall_s = after["compute_stall"] - before["compute_stall"]
-    result.host_sync_wait_s = ran["host_sync_wait"] - before["host_sync_wait"]
-    result.host_launch_wait_s = ran["host_launch_wait"] - before["host_launch_wait"]
-    result.d2h_bytes = int(after["d2h_bytes"] - before["d2h_bytes"])
-    result.h2d_bytes = int(after["h2d_bytes"] - before["h2d_bytes"])
-    result.d2h_busy_s = after["d2h_busy"] - before["d2h_busy"]
-    result.h2d_busy_s = after["h2d_busy"] - before["h2d_busy"]
+    result.compute_stall_s = (after["compute_stall"] - before["compute_stall"]) / n
+    result.host_sync_wait_s = (ran["host_sync_wait"] - before["host_sync_wait"]) / n
+    result.host_launch_wait_s = (ran["host_launch_wait"] - before["host_launch_wait"]) / n
+    result.d2h_bytes = round((after["d2h_bytes"] - before["d2h_bytes"]) / n)
+    result.h2d_bytes = round((after["h2d_bytes"] - before["h2d_bytes"]) / n)
+    result.d2h_busy_s = (after["d2h_busy"] - before["d2h_busy"]) / n
+    result.h2d_busy_s = (after["h2d_busy"] - before["h2d_busy"]) / n
     result.stats = dict(stats_after)
     result.step_stats = {
-        k: int(stats_after.get(k, 0)) - int(stats_before.get(k, 0)) for k in STEP_COUNTERS
+        k: round((int(stats_after.get(k, 0)) - int(stats_before.get(k, 0))) / n)
+        for k in STEP_COUNTERS
     }
     return result
 

@@ -273,6 +273,7 @@ def simulate_step(
                 steps=steps,
                 record=record and i == 0,
                 on_op=None,
+                timed=True,
             )
             bar.update(steps * len(plan.inputs))
             runs.append(r)
@@ -617,7 +618,7 @@ def overhead_points(
                 ys = machine_yardsticks(plan, m, steps)
                 for prefetch in (False, True):
                     bar.set_postfix_str(f"batch {batch} {m.link_name} prefetch={prefetch}")
-                    r = replay(plan, m.gpu, m.config(prefetch=prefetch), steps=steps)
+                    r = replay(plan, m.gpu, m.config(prefetch=prefetch), steps=steps, timed=True)
                     bar.update(1)
                     row = lms_json(r, unlimited.step_time_s, plan, ys)
                     row.update(
