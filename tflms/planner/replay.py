@@ -517,11 +517,11 @@ def make_engine(config: EngineConfig, gpu: GpuModel) -> Any:
 # H100, and InceptionV3 at batch 712 on the AC922 in step 16 (after a step 12 slower
 # than paging on demand). A replay with prefetch runs at least this many steps.
 PREFETCH_MIN_STEPS = 20
-# Steps are not alike either, with prefetch or without: replayed for 30 steps
-# (docs/steadiness.md), the 3D U-Net's steps at 464^3 on the A100-80 took 11.1 to 18.8 s
-# with prefetch (mean 13.3 s, while the 20th, which the tables showed until November
-# 2026, took 11.1 s), 12.6 to 17.8 s on demand (the 2nd: 12.6 s); ResNet50's at batch
-# 1194 on the AC922 4.90 to 5.34 s with prefetch. So a replay measures the mean of a
+# Steps are not alike either: replayed for 30 steps with prefetch (docs/steadiness.md),
+# ResNet50 at 1409 on the DGX-1 with twice the host took 40.1 to 59.7 s a step, its
+# 20th the fastest; the 3D U-Net at 464^3 on the A100-80 took 9.3 to 14.2 s, and its
+# 20th, drained before and after, which the tables showed until November 2026, 11.1 s
+# against 12.2 s for the mean of steps 11-20. So a replay measures the mean of a
 # window of steps: with prefetch those after the first PREFETCH_SETTLE_STEPS (its first
 # plans are made from steps that did not follow one yet), on demand all but the first
 # (nothing is on the host when it starts).

@@ -525,7 +525,7 @@ def results_markdown(res: dict[str, Any]) -> str:
         f"{PREFETCH_SETTLE_STEPS + 1}-{PREFETCH_MIN_STEPS} (its",
         "first plans are made from steps that followed none; at the 3D U-Net's largest size",
         "on the GH200 it ran out of memory in step 11 where two steps fit). Until November",
-        "2026 one step was shown (the 2nd, the 20th), up to 17% below the mean at the 3D",
+        "2026 one step was shown (the 2nd, the 20th), up to 10% below the mean at the 3D",
         "U-Net's points; docs/steadiness.md gives every point's fastest and slowest step over",
         "30 steps and whether prefetch wins by the means. The largest batches are",
         "found by bisection over two steps to within 1% (ResNet50 on the AC922: exactly), and",
