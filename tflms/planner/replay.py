@@ -421,8 +421,8 @@ class ReplayResult:
     stats: dict[str, int] = dataclasses.field(default_factory=dict)  # at the end
     step_stats: dict[str, int] = dataclasses.field(default_factory=dict)  # per measured step
     samples: list[Sample] = dataclasses.field(default_factory=list)
-    # Host time of every step run, in order: from its start to the next one's (the last,
-    # the measured step, from the drain before it to the drain after it).
+    # Host time of every step run, in order: from its start to the next one's (the last
+    # to the drain after it; a step that starts the window, from the drain before it).
     host_step_s: list[float] = dataclasses.field(default_factory=list)
 
     def swap_bytes_per_direction(self) -> int:
@@ -626,9 +626,10 @@ def _replay(
                 eng.synchronize()
                 before = eng.timeline()
                 stats_before = eng.stats()
+            now = eng.timeline()
             if measured:
-                last_start = eng.timeline()
-            starts.append(eng.timeline()["host_time"])
+                last_start = now
+            starts.append(now["host_time"])
             if len(starts) > 1:
                 result.host_step_s.append(starts[-1] - starts[-2])
             eng.step_begin()
