@@ -60,6 +60,28 @@ def test_a_timed_replay_reports_the_mean_of_its_window() -> None:
     assert r.step_time_s == pytest.approx(r.host_step_s[-1], rel=1e-12)
 
 
+def test_a_drained_replay_waits_for_the_gpu_at_the_end_of_every_step() -> None:
+    plan = build_plan(chain_trace(layers=12, batch=8), GPU)
+    m = machine(peak_live_bytes(plan) // 3)
+    for prefetch in (False, True):
+        cfg = m.config(prefetch=prefetch)
+        ahead = replay(plan, GPU, cfg, steps=2, timed=True)
+        drained = replay(plan, GPU, cfg, steps=2, timed=True, drained=True)
+        assert ahead.fits and drained.fits, drained.oom_message
+        assert len(drained.host_step_s) == drained.steps == ahead.steps
+        # From one drain to the next a step takes at least its kernels' time; running
+        # ahead, the step after the window's drain is timed while the GPU still has the
+        # kernels the host launched ahead of it.
+        assert min(drained.host_step_s) >= plan.compute_s * (1 - 1e-9)
+        assert drained.host_step_s != pytest.approx(ahead.host_step_s, rel=1e-6)
+    # On demand, waiting at every step's end can only add time: nothing of one step's
+    # copies overlaps the next step's kernels.
+    cfg = m.config()
+    ahead = replay(plan, GPU, cfg, steps=2, timed=True)
+    drained = replay(plan, GPU, cfg, steps=2, timed=True, drained=True)
+    assert drained.step_time_s >= ahead.step_time_s * (1 - 1e-9)
+
+
 def test_a_replay_that_runs_out_of_memory_times_only_the_steps_it_finished() -> None:
     plan = build_plan(chain_trace(layers=12, batch=8), GPU)
     # Less device memory than one backward op's inputs and outputs: LMS cannot run it.
@@ -72,10 +94,13 @@ def test_both_modes_are_replayed_over_their_windows_on_the_real_engine() -> None
     plan = build_plan(chain_trace(layers=12, batch=8), GPU)
     m = machine(peak_live_bytes(plan) // 3)
     series = steadiness.replay_modes(plan, m)
+    assert list(series) == [name for name, *_ in steadiness.MODES]
     od, pf = series["on_demand"], series["prefetch"]
-    assert od.fits and pf.fits
-    assert len(od.steps) == steadiness.ON_DEMAND_STEPS
-    assert len(pf.steps) == steadiness.PREFETCH_STEPS
+    assert all(s.fits for s in series.values())
+    assert len(od.steps) == len(series["on_demand_drained"].steps) == steadiness.ON_DEMAND_STEPS
+    assert len(pf.steps) == len(series["prefetch_drained"].steps) == steadiness.PREFETCH_STEPS
+    # Drained, no step is shorter than its kernels: the host waited for the GPU.
+    assert min(series["prefetch_drained"].steps) >= plan.compute_s * (1 - 1e-9)
     assert len(pf.window) == steadiness.PREFETCH_STEPS - PREFETCH_SETTLE_STEPS
     # The same replay from a fresh engine takes the same steps: the series is the engine's.
     again = replay(plan, GPU, m.config(prefetch=False), steps=2, timed=True)
@@ -108,6 +133,15 @@ def test_the_verdict_compares_the_means_of_the_windows_not_one_step() -> None:
     assert steadiness.verdict({"on_demand": od, "prefetch": pf}) == (
         "prefetch out of memory in step 3"
     )
+    # The drained verdict reads the drained series only.
+    both = {
+        "on_demand": od,
+        "prefetch": _series([20.0, 9.0, 9.0], 3, first=2),
+        "on_demand_drained": od,
+        "prefetch_drained": pf,
+    }
+    assert steadiness.verdict(both) == "prefetch faster"
+    assert steadiness.verdict(both, drained=True) == "prefetch out of memory in step 3"
 
 
 def _study(model: str, pairing: str, size: bool, rows: list[tuple[int, bool, float]]) -> Any:
@@ -178,8 +212,22 @@ def test_the_command_rewrites_from_json_and_refuses_what_it_must_not_do(
     assert text.startswith(steadiness.STEADINESS_MARKER)
     assert "| ResNet50 400 on dgx1-v100 | 2.000 (2.000-2.000) | +0.0% |" in text
     assert "| 0.750 | prefetch faster |" in text
+    # A page saved before the drained modes has no columns for them.
+    assert "drained every step: on demand" not in text
     # The page it wrote may be written again without --force.
     assert run_cli("steadiness", "--from-json", str(saved), "--output", str(out)) == 0
+    pf_drained = Series([1.5, 2.5], 4, 2)
+    series = {"on_demand": od, "prefetch": pf, "on_demand_drained": od}
+    saved.write_text(
+        json.dumps(steadiness.to_json([(point, {**series, "prefetch_drained": pf_drained})]))
+    )
+    assert run_cli("steadiness", "--from-json", str(saved), "--output", str(out)) == 0
+    text = out.read_text()
+    assert "drained every step: prefetch out of memory: 1" in text
+    assert (
+        "| 0.750 | prefetch faster | 2.000 (2.000-2.000) | 2.500 (2.500-2.500) | "
+        "prefetch out of memory in step 3 |"
+    ) in text
 
     assert (
         run_cli(

@@ -551,6 +551,7 @@ def replay(
     record: bool = False,
     on_op: Callable[[], None] | None = None,
     timed: bool = False,
+    drained: bool = False,
 ) -> ReplayResult:
     """Runs `steps` training steps and measures them. An out-of-memory error ends the replay.
 
@@ -559,7 +560,10 @@ def replay(
     window first_measured_step gives is measured; otherwise the last step.
 
     `record` samples engine state after every op of the measured step;
-    `on_op` is called after every op (progress bars).
+    `on_op` is called after every op (progress bars). `drained`: the host waits for the
+    GPU at the end of every step, as a Keras fit with a batch-end callback does (tflms's
+    statistics callbacks read the loss every step) and a loop that prints the loss does;
+    otherwise it runs ahead into the next step, bounded by the launch queue.
     """
     import tflms
 
@@ -573,7 +577,7 @@ def replay(
     # Python: after the watchdog's time the process prints where it stood and exits.
     armed = _arm_watchdog(replay_timeout_s())
     try:
-        return _replay(plan, gpu, config, steps, record, on_op, timed, tflms)
+        return _replay(plan, gpu, config, steps, record, on_op, timed, drained, tflms)
     finally:
         if armed:
             faulthandler.cancel_dump_traceback_later()
@@ -603,6 +607,7 @@ def _replay(
     record: bool,
     on_op: Callable[[], None] | None,
     timed: bool,
+    drained: bool,
     tflms: Any,
 ) -> ReplayResult:
     eng = make_engine(config, gpu)
@@ -621,6 +626,8 @@ def _replay(
         last_start = before
         for step in range(steps):
             measured = step == steps - 1
+            if drained and step > 0:
+                eng.synchronize()
             if step == first:
                 # The window starts drained: what earlier steps left in flight is theirs.
                 eng.synchronize()

@@ -159,17 +159,24 @@ def replay_point(point: Point) -> dict[str, Series]:
     return replay_modes(build_plan(trace, machine.gpu), machine)
 
 
+# The series of one point: each mode with the host running ahead into the next step (as
+# the tables replay), and with the host waiting for the GPU at every step's end.
+MODES = (
+    ("on_demand", False, ON_DEMAND_STEPS, False),
+    ("prefetch", True, PREFETCH_STEPS, False),
+    ("on_demand_drained", False, ON_DEMAND_STEPS, True),
+    ("prefetch_drained", True, PREFETCH_STEPS, True),
+)
+
+
 def replay_modes(plan: StepPlan, machine: Machine) -> dict[str, Series]:
-    """On demand and prefetch over their step counts, each from a fresh engine."""
+    """Every mode of MODES over its step count, each from a fresh engine."""
     from tflms.planner.replay import first_measured_step, replay
 
     out: dict[str, Series] = {}
-    for name, prefetch, steps in (
-        ("on_demand", False, ON_DEMAND_STEPS),
-        ("prefetch", True, PREFETCH_STEPS),
-    ):
+    for name, prefetch, steps, drained in MODES:
         config = machine.config(prefetch=prefetch)
-        r = replay(plan, machine.gpu, config, steps=steps, timed=True)
+        r = replay(plan, machine.gpu, config, steps=steps, timed=True, drained=drained)
         first = first_measured_step(config, steps, timed=True)
         out[name] = Series(list(r.host_step_s), steps, first, "" if r.fits else r.oom_op)
     return out
@@ -195,8 +202,10 @@ def measure(
             yield p, s
 
 
-def verdict(series: dict[str, Series]) -> str:
-    od, pf = series["on_demand"], series["prefetch"]
+def verdict(series: dict[str, Series], drained: bool = False) -> str:
+    """Prefetch against on demand by the means; `drained`: the replays drained every step."""
+    suffix = "_drained" if drained else ""
+    od, pf = series["on_demand" + suffix], series["prefetch" + suffix]
     if not od.fits:
         return "on demand out of memory"
     if not pf.fits:
@@ -227,7 +236,8 @@ def from_json(d: dict[str, Any]) -> list[tuple[Point, dict[str, Series]]]:
     return [
         (
             Point(**e["point"]),
-            {name: Series.from_json(e[name]) for name in ("on_demand", "prefetch")},
+            # Pages written before the drained modes have none of them.
+            {name: Series.from_json(e[name]) for name, *_ in MODES if name in e},
         )
         for e in d["points"]
     ]
@@ -257,6 +267,25 @@ def _off(table: float | None, s: Series) -> str:
     return f"{100 * (table / m - 1):+.1f}%"
 
 
+def _has_drained(series: dict[str, Series]) -> bool:
+    return "on_demand_drained" in series and "prefetch_drained" in series
+
+
+def _counts(rows: list[dict[str, Series]], drained: bool) -> str:
+    counts: dict[str, int] = {}
+    for series in rows:
+        v = verdict(series, drained).split(" in step")[0]
+        counts[v] = counts.get(v, 0) + 1
+    return ", ".join(f"{v}: {k}" for v, k in sorted(counts.items(), key=lambda x: -x[1]))
+
+
+def _ratio(od: Series, pf: Series) -> str:
+    od_m, pf_m = od.mean(), pf.mean()
+    if not od_m or pf_m is None or not (od.fits and pf.fits):
+        return "-"
+    return f"{pf_m / od_m:.3f}"
+
+
 def markdown(measured: list[tuple[Point, dict[str, Series]]]) -> str:
     settle = PREFETCH_SETTLE_STEPS
     lines = [
@@ -277,19 +306,26 @@ def markdown(measured: list[tuple[Point, dict[str, Series]]]) -> str:
         "predictions for the modelled machines (the real engine on a modelled device), not "
         "measurements. Regenerate with `make steadiness` after `make results`.",
         "",
+        "The tables' replays, like these first columns, let the host run ahead of the GPU "
+        "into the next step (bounded by the launch queue), as a loop that never reads a "
+        "result does. A Keras fit with a callback that has a batch-end hook (tflms's "
+        "statistics callbacks have one) reads the loss after every step, and so does a "
+        "loop that prints it: the host waits for the GPU at every step's end. *Drained "
+        "every step* replays both modes that way, over the same windows.",
+        "",
     ]
-    counts: dict[str, dict[str, int]] = {"overhead": {}, "largest": {}}
-    for p, series in measured:
-        v = verdict(series).split(" in step")[0]
-        counts[p.kind][v] = counts[p.kind].get(v, 0) + 1
+    drained_too = bool(measured) and all(_has_drained(s) for _, s in measured)
     for kind, title in (
         ("overhead", "at 2x, 4x and 6x the batch"),
         ("largest", "at the largest batch or size"),
     ):
-        c = counts[kind]
-        if c:
-            parts = ", ".join(f"{v}: {k}" for v, k in sorted(c.items(), key=lambda x: -x[1]))
-            lines.append(f"- Points {title}: {sum(c.values())}; {parts}.")
+        rows = [series for p, series in measured if p.kind == kind]
+        if not rows:
+            continue
+        line = f"- Points {title}: {len(rows)}; {_counts(rows, False)}"
+        if drained_too:
+            line += f"; drained every step: {_counts(rows, True)}"
+        lines.append(line + ".")
     lines.append("")
     for kind, title in (
         ("overhead", "Points at 2x, 4x and 6x the batch (the tables of docs/results.md)"),
@@ -298,23 +334,25 @@ def markdown(measured: list[tuple[Point, dict[str, Series]]]) -> str:
         rows = [(p, s) for p, s in measured if p.kind == kind]
         if not rows:
             continue
-        lines += [
-            f"## {title}",
-            "",
+        header = (
             "| point | on demand: mean (fastest-slowest) | table | prefetch: mean "
-            "(fastest-slowest) | table | prefetch / on demand | verdict |",
-            "|---|---|---|---|---|---|---|",
-        ]
+            "(fastest-slowest) | table | prefetch / on demand | verdict |"
+        )
+        rule = "|---|---|---|---|---|---|---|"
+        if drained_too:
+            header += " drained every step: on demand | prefetch | verdict |"
+            rule += "---|---|---|"
+        lines += [f"## {title}", "", header, rule]
         for p, series in rows:
             od, pf = series["on_demand"], series["prefetch"]
-            od_m, pf_m = od.mean(), pf.mean()
-            ratio = (
-                f"{pf_m / od_m:.3f}" if od_m and pf_m is not None and od.fits and pf.fits else "-"
-            )
-            lines.append(
+            line = (
                 f"| {p.label()} | {_spread(od)} | {_off(p.table_on_demand_s, od)} | "
-                f"{_spread(pf)} | {_off(p.table_prefetch_s, pf)} | {ratio} | "
+                f"{_spread(pf)} | {_off(p.table_prefetch_s, pf)} | {_ratio(od, pf)} | "
                 f"{verdict(series)} |"
             )
+            if drained_too:
+                odd, pfd = series["on_demand_drained"], series["prefetch_drained"]
+                line += f" {_spread(odd)} | {_spread(pfd)} | {verdict(series, drained=True)} |"
+            lines.append(line)
         lines.append("")
     return "\n".join(lines)
