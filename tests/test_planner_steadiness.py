@@ -18,19 +18,26 @@ from tflms.planner import steadiness
 from tflms.planner.replay import (
     PREFETCH_SETTLE_STEPS,
     TIMED_STEPS,
+    StepPlan,
     build_plan,
     first_measured_step,
     peak_live_bytes,
     replay,
 )
+from tflms.planner.simulate import Machine
 from tflms.planner.steadiness import Point, Series
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_replay_times_every_step_and_its_last_is_the_measured_step() -> None:
+def _chain() -> tuple[StepPlan, Machine]:
+    """The synthetic chain on a device a third of its peak: every step pages."""
     plan = build_plan(chain_trace(layers=12, batch=8), GPU)
-    m = machine(peak_live_bytes(plan) // 3)
+    return plan, machine(peak_live_bytes(plan) // 3)
+
+
+def test_a_replay_times_every_step_and_its_last_is_the_measured_step() -> None:
+    plan, m = _chain()
     for prefetch, steps in ((False, 5), (True, 21)):
         r = replay(plan, GPU, m.config(prefetch=prefetch), steps=steps)
         assert r.fits, r.oom_message
@@ -40,8 +47,7 @@ def test_a_replay_times_every_step_and_its_last_is_the_measured_step() -> None:
 
 
 def test_a_timed_replay_reports_the_mean_of_its_window() -> None:
-    plan = build_plan(chain_trace(layers=12, batch=8), GPU)
-    m = machine(peak_live_bytes(plan) // 3)
+    plan, m = _chain()
     for prefetch in (False, True):
         cfg = m.config(prefetch=prefetch)
         r = replay(plan, GPU, cfg, steps=2, timed=True)
@@ -61,8 +67,7 @@ def test_a_timed_replay_reports_the_mean_of_its_window() -> None:
 
 
 def test_a_drained_replay_waits_for_the_gpu_at_the_end_of_every_step() -> None:
-    plan = build_plan(chain_trace(layers=12, batch=8), GPU)
-    m = machine(peak_live_bytes(plan) // 3)
+    plan, m = _chain()
     for prefetch in (False, True):
         cfg = m.config(prefetch=prefetch)
         ahead = replay(plan, GPU, cfg, steps=2, timed=True)
@@ -91,8 +96,7 @@ def test_a_replay_that_runs_out_of_memory_times_only_the_steps_it_finished() -> 
 
 
 def test_both_modes_are_replayed_over_their_windows_on_the_real_engine() -> None:
-    plan = build_plan(chain_trace(layers=12, batch=8), GPU)
-    m = machine(peak_live_bytes(plan) // 3)
+    plan, m = _chain()
     series = steadiness.replay_modes(plan, m)
     assert list(series) == [name for name, *_ in steadiness.MODES]
     od, pf = series["on_demand"], series["prefetch"]

@@ -155,16 +155,29 @@ def _is_half(op: OpInfo, tensors: dict[int, TensorInfo]) -> bool:
     return bool(op.outputs) and tensors[op.outputs[0]].dtype in HALF_DTYPES
 
 
+def _on_host(t: TensorInfo) -> bool:
+    """Whether TensorFlow keeps the tensor in host memory on a GPU: an int32 constant.
+
+    TensorFlow's GPU `Const` kernel for int32 is HostConstantOp, registered with
+    HostMemory("output"): shapes, axes and permutations never reach the GPU's allocator.
+    Allocated on the device they are a few kilobytes, but pinned mid-device with their
+    kernels they split its free memory (docs/planner.md, "What the prediction does not
+    include" until November 2026).
+    """
+    return t.persistent and t.dtype == "int32" and t.name.startswith("const:")
+
+
 def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan:
     """Derives liveness, in-place forwarding, views, pins and kernel times.
 
-    Tensors of 0 bytes take no memory and are skipped. With `forwarding`, an op of
+    Tensors of 0 bytes take no memory and are skipped, and so are int32 constants, which
+    TensorFlow keeps in host memory (_on_host). With `forwarding`, an op of
     FORWARDING_OPS whose input dies at that op and has its output's size writes the
     output in place, as TensorFlow's kernels do: no allocation, one buffer fewer.
     Ops of NO_PIN_OPS pin nothing; a dim-0 slice (SLICING_OPS) is a view of its root,
     which lives as long as its views and is pinned while they live.
     """
-    sizes = {t.id: int(t.bytes) for t in trace.tensors}
+    sizes = {t.id: 0 if _on_host(t) else int(t.bytes) for t in trace.tensors}
     infos = {t.id: t for t in trace.tensors}
     persistent_ids = {t.id for t in trace.tensors if t.persistent}
     producer = {tid: i for i, op in enumerate(trace.ops) for tid in op.outputs}
