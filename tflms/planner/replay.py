@@ -161,8 +161,7 @@ def _on_host(t: TensorInfo) -> bool:
     TensorFlow's GPU `Const` kernel for int32 is HostConstantOp, registered with
     HostMemory("output"): shapes, axes and permutations never reach the GPU's allocator.
     Allocated on the device they are a few kilobytes, but pinned mid-device with their
-    kernels they split its free memory (docs/planner.md, "What the prediction does not
-    include" until November 2026).
+    kernels they split its free memory (docs/planner.md, "How a prediction is made").
     """
     return t.persistent and t.dtype == "int32" and t.name.startswith("const:")
 
@@ -639,11 +638,10 @@ def _replay(
         last_start = before
         for step in range(steps):
             measured = step == steps - 1
-            if drained and step > 0:
-                eng.synchronize()
-            if step == first:
+            if step == first or (drained and step > 0):
                 # The window starts drained: what earlier steps left in flight is theirs.
                 eng.synchronize()
+            if step == first:
                 before = eng.timeline()
                 stats_before = eng.stats()
             now = eng.timeline()
