@@ -32,6 +32,7 @@
 #include <deque>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -321,6 +322,40 @@ class Engine::Impl {
   // (PlanClusterPlacement), for a stranded buffer that overlaps both ends of
   // its own gap. True if it came back there. May release and retake `lock`.
   bool RoundTripStrandedLocked(std::unique_lock<std::mutex>& lock, Buffer* b);
+
+  // ---- due_group.cc ----
+  // At the pin of `b`, the first of the buffers the learned step pins for a
+  // kernel that then allocates a large output: if, pinned where they are,
+  // they would leave that output no gap, moves those in the way (and brings
+  // those on the host back) so that a window as large as the output stays
+  // clear. Best effort. True if any member was placed. May release and
+  // retake `lock`.
+  bool PlaceDueGroupLocked(std::unique_lock<std::mutex>& lock, Buffer* b);
+  // Whether, the group's resident members pinned where they lie, its
+  // members on the host and the `output` bytes each find a gap. If so,
+  // *places gets each member on the host with the address the fit gave it
+  // (nullptr: beyond the arena's regions).
+  bool DueGroupFitsLocked(
+      const std::unordered_set<const Buffer*>& in_group,
+      const std::vector<Buffer*>& on_host, size_t output,
+      std::vector<std::pair<Buffer*, const char*>>* places) const;
+  // Puts each member at its destination: resident ones move (device to
+  // device, else through the host), those on the host are paged in there;
+  // whatever inactive buffers lie in a destination are paged out first and
+  // early page-outs in flight settled. Skips a member whose destination
+  // cannot be cleared. True if any member was placed.
+  bool MoveDueGroupLocked(
+      std::unique_lock<std::mutex>& lock,
+      const std::vector<std::pair<Buffer*, const char*>>& moves);
+  // When no window clears with whole moves: slides inactive buffers down
+  // (SlideFor) until a free chunk of `need` bytes exists, and brings the
+  // members on the host back into it. True if anything moved.
+  bool SlideDueGroupLocked(std::unique_lock<std::mutex>& lock,
+                           const std::vector<Buffer*>& on_host, size_t need);
+  // The runs of adjacent chunks that may_leave accepts, as [lo, hi).
+  template <typename MayLeave>
+  std::vector<std::pair<const char*, const char*>> LeavableRunsLocked(
+      MayLeave may_leave) const;
   // A page-in the kernel pinning `b` waits for (prefetch_misses,
   // bytes_paged_in_on_demand): on its pin, or just before it (the stranded
   // round trip, a group's gather).
@@ -713,6 +748,13 @@ class Engine::Impl {
   // there: a new field here is a cumulative counter unless ClearStats says
   // otherwise.
   EngineStats counters_;
+  // The group PlaceDueGroupLocked last looked at (guarded by mu_): each is
+  // looked at once, at its first member's pin.
+  struct DueGroupSeen {
+    uint64_t generation = 0;
+    int64_t step = -1;
+    size_t end = 0;  // the group's end in the learned order
+  } due_group_;
   int64_t bytes_active_ = 0;
   int64_t bytes_inactive_ = 0;
 
@@ -807,6 +849,10 @@ class Engine::Impl {
     // The planned step's allocations as (pins before it, rounded bytes),
     // in order (LargestAllocationBetween).
     std::vector<std::pair<size_t, size_t>> plan_allocs;
+    // The planned step's unpin positions (pins before each), sorted and
+    // distinct: a kernel unpins its inputs once it ran, so these are where
+    // one kernel's pins end (due_group.cc).
+    std::vector<size_t> plan_unpins;
     size_t early_out_bytes = 0;  // host bytes of early page-outs in flight
     // The prefetch guard (prefetch_guard.cc).
     struct Guard {

@@ -772,13 +772,19 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
   p.planned_ins.clear();
   p.in_next = 0;
   p.plan_allocs.clear();
+  p.plan_unpins.clear();
   ++p.plan_generation;
   if (fixed_ || events.empty()) return;
   for (const StepEvent& ev : events) {
     if (ev.kind == StepEvent::kAlloc || ev.kind == StepEvent::kAllocPinned) {
       p.plan_allocs.push_back({ev.at, ev.bytes});
+    } else if (ev.kind == StepEvent::kUnpin) {
+      p.plan_unpins.push_back(ev.at);
     }
   }
+  std::sort(p.plan_unpins.begin(), p.plan_unpins.end());
+  p.plan_unpins.erase(std::unique(p.plan_unpins.begin(), p.plan_unpins.end()),
+                      p.plan_unpins.end());
   const size_t n = events.size();
   constexpr size_t kNever = SIZE_MAX;
   // Uses (allocations and pins) of each key, by event index.

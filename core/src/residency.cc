@@ -613,6 +613,13 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
   }
   int64_t waited_since = -1;
   bool relocation_tried = false;
+  // The first pin of a kernel whose large output the learned step expects:
+  // its inputs may need placing together first (due_group.cc).
+  if (b->pin_count == 0 && options_.lms_enabled &&
+      counters_.current_bytes_reclaimed > 0 &&
+      PlaceDueGroupLocked(lock, b)) {
+    relocation_tried = true;
+  }
   for (;;) {
     if (b->state == BufferState::kResident) {
       // A large buffer stranded mid-gap under pressure moves to a gap end

@@ -45,6 +45,8 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"num_group_gathers", num_group_gathers},
       {"bytes_group_gathered", bytes_group_gathered},
       {"num_stranded_round_trips", num_stranded_round_trips},
+      {"num_due_group_placements", num_due_group_placements},
+      {"bytes_due_group_placed", bytes_due_group_placed},
       {"num_host_full_defrags", num_host_full_defrags},
       {"num_prefetches", num_prefetches},
       {"prefetch_hits", prefetch_hits},

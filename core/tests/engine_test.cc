@@ -2527,7 +2527,10 @@ TEST(PrefetchGuardKeepsTheFasterModeOfEachWorkload) {
     };
     const double on_demand = late(runs[0]), prefetch = late(runs[1]),
                  guarded = late(runs[2]);
-    const bool prefetch_wins = prefetch < on_demand;
+    // Faster by more than the guard's 2% margin. At 6x prefetch took 0.516 s
+    // against 0.475 s on demand until the engine placed a kernel's host
+    // inputs together (due_group.cc), 0.474 s since: not worth keeping.
+    const bool prefetch_wins = prefetch < on_demand * 0.98;
     std::printf("  %dx: on demand %.3f s, prefetch %.3f s, guarded %.3f s, "
                 "%lld steps paused\n",
                 x, on_demand, prefetch, guarded,

@@ -67,6 +67,11 @@ struct EngineStats {
   // Buffers paged out and back in before their pin because, pinned where
   // they lay, they would have left no gap as large as themselves.
   int64_t num_stranded_round_trips = 0;
+  // Kernels whose inputs, pinned where they lay, would have left the
+  // learned step's coming output no gap: inputs in the way moved (or came
+  // back from the host) before the first pin (due_group.cc), and their bytes.
+  int64_t num_due_group_placements = 0;
+  int64_t bytes_due_group_placed = 0;
   // Allocations that found room only by moving inactive buffers within the
   // device once the host pool was full, with defragmentation off (its
   // moves count in num_defragmentations and bytes_defragged too).
