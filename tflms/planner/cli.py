@@ -28,6 +28,7 @@ _LINK_HELP = (
 
 def add_parsers(sub: Any) -> None:
     # Light (the replay module imports the engine only when it runs).
+    from tflms.planner.lookahead import LOOKAHEADS
     from tflms.planner.replay import LAUNCH_QUEUE_DEPTH
 
     p = sub.add_parser(
@@ -131,6 +132,17 @@ def add_parsers(sub: Any) -> None:
         action="store_true",
         help="search the largest input size (cube edge, multiple of 16) without / with LMS; "
         "needs --model",
+    )
+    out.add_argument(
+        "--tune-lookahead",
+        action="store_true",
+        help="also replay 30 steps with prefetch at each lookahead of --lookaheads and 6 "
+        "paging on demand, and recommend the lookahead to set (or prefetch off)",
+    )
+    out.add_argument(
+        "--lookaheads",
+        default=",".join(str(v) for v in LOOKAHEADS),
+        help=f"lookaheads --tune-lookahead tries (default {','.join(map(str, LOOKAHEADS))})",
     )
     out.add_argument("--no-compare", action="store_true", help="replay only the chosen LMS mode")
     out.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -287,6 +299,7 @@ def _engine_ready() -> str | None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from tflms.planner import gpu as gpus
+    from tflms.planner.lookahead import format_tuning, parse_lookaheads, tune_lookahead
     from tflms.planner.simulate import FixedPages, max_batch, max_size, simulate_step
 
     if bool(args.trace) == bool(args.model):
@@ -308,6 +321,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return _fail("--prefetch-lookahead must be 0 or more")
     if args.launch_queue < 0:
         return _fail("--launch-queue must be 0 (no bound) or more")
+    try:
+        lookaheads = parse_lookaheads(args.lookaheads)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.tune_lookahead and args.fixed_addresses:
+        return _fail("--tune-lookahead tunes the patch's prefetch: drop --fixed-addresses")
     if args.plot:
         if not args.plot.lower().endswith(".png"):
             return _fail("--plot writes a PNG: give a file name ending in .png")
@@ -383,6 +402,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             steps=args.steps,
             progress=progress,
         )
+    tuning = None
+    if args.tune_lookahead:
+        tuning = tune_lookahead(trace, machine, lookaheads, progress=progress)
+        report["lookahead"] = tuning.to_json()
     if args.plot and recorded is not None:
         from tflms.planner.plot import plot_timeline
 
@@ -413,6 +436,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if "max_size" in report:
             print()
             print(format_max_batch(report["max_size"], what="input size"))
+        if tuning is not None:
+            print()
+            print(format_tuning(tuning))
         if "plot" in report:
             print(f"\nmemory timeline: {report['plot']}")
     return 0

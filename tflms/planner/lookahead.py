@@ -1,0 +1,185 @@
+"""Which prefetch lookahead to set for one model on one machine (`tflms plan --tune-lookahead`).
+
+The lookahead (TensorFlow: `set_lms_prefetch_lookahead`, the engine's `prefetch_lookahead`)
+is how many tensor uses ahead prefetch pages tensors in. Its default, 256, is the best of
+64, 128 and 256 at most points docs/results.md reports, but not at all of them: at the 3D
+U-Net's 400^3 on the A100-40, whose tensors are a fifth to two fifths of the GPU, 256 uses
+reach several of them, and prefetch stepped 26% slower than paging on demand where 128 was
+9% faster (docs/tuning.md). Only replaying the steps tells, so this replays them: paging on
+demand, and prefetch at each lookahead, each from a fresh engine over the same windows as
+docs/steadiness.md (on demand steps 2-6, prefetch steps 11-30), and recommends the fastest
+lookahead that beats paging on demand by more than steadiness.MARGIN, or prefetch off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tflms.planner.simulate import Machine
+    from tflms.planner.steadiness import Series
+    from tflms.trace.format import Trace
+
+# Light at import (`tflms --help` reads LOOKAHEADS): the replay modules load when used.
+
+DEFAULT_LOOKAHEAD = 256
+LOOKAHEADS = (32, 64, 128, 256, 512)
+
+
+@dataclasses.dataclass
+class Run:
+    """One mode's replay: lookahead None is paging on demand."""
+
+    lookahead: int | None
+    series: Series
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lookahead": self.lookahead, "mean_s": self.series.mean(), **self.series.to_json()}
+
+
+@dataclasses.dataclass
+class Tuning:
+    runs: list[Run]  # on demand first, then each lookahead in the order asked
+    recommended: int | None  # None: keep prefetch off
+
+    @property
+    def on_demand(self) -> Run:
+        return self.runs[0]
+
+    def to_json(self) -> dict[str, Any]:
+        from tflms.planner.steadiness import MARGIN
+
+        return {
+            "runs": [r.to_json() for r in self.runs],
+            "recommended_lookahead": self.recommended,
+            "margin": MARGIN,
+        }
+
+
+def parse_lookaheads(text: str) -> list[int]:
+    """'64,128,256' -> [64, 128, 256]; a clear error for anything else."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--lookaheads takes comma-separated whole numbers (e.g. 64,128,256), not {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"--lookaheads needs one or more lookaheads of at least 1, not {text!r}")
+    return sorted(set(values))
+
+
+def tune_lookahead(
+    trace: Trace,
+    machine: Machine,
+    lookaheads: Sequence[int] = LOOKAHEADS,
+    progress: bool = False,
+) -> Tuning:
+    """Replays paging on demand and prefetch at each lookahead; recommends one or none."""
+    from tflms.planner.replay import first_measured_step, replay
+    from tflms.planner.simulate import build_plan, progress_bar
+    from tflms.planner.steadiness import ON_DEMAND_STEPS, PREFETCH_STEPS, Series
+
+    plan = build_plan(trace, machine.gpu)
+    modes: list[int | None] = [None, *lookaheads]
+    total = (ON_DEMAND_STEPS + PREFETCH_STEPS * len(lookaheads)) * len(plan.inputs)
+    bar = progress_bar(f"lookahead {trace.model} batch {trace.batch_size}", total, progress)
+    runs: list[Run] = []
+    try:
+        for lookahead in modes:
+            prefetch = lookahead is not None
+            config = machine.config(prefetch=prefetch)
+            if prefetch:
+                config = dataclasses.replace(config, prefetch_lookahead=lookahead)
+            steps = PREFETCH_STEPS if prefetch else ON_DEMAND_STEPS
+            r = replay(plan, machine.gpu, config, steps=steps, timed=True)
+            first = first_measured_step(config, steps, timed=True)
+            runs.append(Run(lookahead, Series(list(r.host_step_s), steps, first, r.oom_op)))
+            bar.update(steps * len(plan.inputs))
+    finally:
+        bar.close()
+    return Tuning(runs, recommend(runs))
+
+
+def recommend(runs: Sequence[Run]) -> int | None:
+    """The fastest lookahead whose mean beats on demand's by more than MARGIN, else None.
+
+    runs[0] is paging on demand; where it runs out of memory, the fastest lookahead that
+    fits. Ties go to the default, then to the shorter lookahead (less held ahead of use).
+    """
+    from tflms.planner.steadiness import MARGIN
+
+    od = runs[0].series
+    od_mean = od.mean() if od.fits else None
+    best: tuple[float, int, int] | None = None
+    for r in runs[1:]:
+        assert r.lookahead is not None
+        m = r.series.mean() if r.series.fits else None
+        if m is None or (od_mean is not None and m >= od_mean * (1 - MARGIN)):
+            continue
+        key = (round(m, 6), r.lookahead != DEFAULT_LOOKAHEAD, r.lookahead)
+        if best is None or key < best:
+            best = key
+    return None if best is None else best[2]
+
+
+def format_tuning(t: Tuning) -> str:
+    from tflms.planner.steadiness import MARGIN, ON_DEMAND_STEPS, PREFETCH_STEPS
+
+    od = t.on_demand.series
+    od_mean = od.mean() if od.fits else None
+    pf_first = t.runs[1].series.first if len(t.runs) > 1 else PREFETCH_STEPS
+    lines = [
+        f"Prefetch lookahead: the mean step of steps {pf_first}-{PREFETCH_STEPS} with prefetch "
+        f"and of steps {od.first}-{ON_DEMAND_STEPS} paging on demand, each mode from a fresh "
+        "engine",
+        "",
+        "| mode | mean step | vs on demand | steps (fastest-slowest) |",
+        "|---|---|---|---|",
+    ]
+    for r in t.runs:
+        s = r.series
+        if r.lookahead is None:
+            name = "on demand"
+        else:
+            name = f"prefetch, lookahead {r.lookahead}"
+            if r.lookahead == DEFAULT_LOOKAHEAD:
+                name += " (default)"
+        if not s.fits:
+            lines.append(
+                f"| {name} | out of memory in step {len(s.steps) + 1} ({s.oom_op or '?'}) | - | - |"
+            )
+            continue
+        m = s.mean()
+        assert m is not None
+        vs = "-" if r.lookahead is None or od_mean is None else f"{100 * (m / od_mean - 1):+.1f}%"
+        w = s.window
+        inner = w[1:-1] if len(w) > 2 else w
+        lines.append(f"| {name} | {m:.3f} s | {vs} | {min(inner):.3f}-{max(inner):.3f} s |")
+    lines.append("")
+    if t.recommended is None:
+        lines.append(
+            "Recommendation: keep prefetch off (no lookahead tried beats paging on demand by "
+            f"more than {100 * MARGIN:.0f}%)."
+        )
+    else:
+        run = next(r for r in t.runs if r.lookahead == t.recommended)
+        m = run.series.mean()
+        assert m is not None
+        gain = (
+            f", {100 * (1 - m / od_mean):.1f}% faster than paging on demand"
+            if od_mean is not None
+            else " (paging on demand runs out of memory)"
+        )
+        setting = (
+            "the default"
+            if t.recommended == DEFAULT_LOOKAHEAD
+            else f"tf.config.experimental.set_lms_prefetch_lookahead({t.recommended})"
+        )
+        lines.append(
+            f"Recommendation: prefetch on, lookahead {t.recommended} ({setting}): {m:.3f} s"
+            f"{gain}. Enable it with tf.config.experimental.set_lms_prefetch_enabled(True)."
+        )
+    return "\n".join(lines)
