@@ -13,7 +13,7 @@ TEST_HDRS := $(wildcard core/tests/*.h)
 CXXFLAGS_CORE := -std=c++17 -Wall -Wextra -Werror -Icore/include -Icore/src -pthread
 
 .PHONY: help install test test-binaries test-fast lint cpp-test sanitize cuda-test patches verify verify-all \
-        verify-nightly bench bench-prefetch bench-cuda demo results transformers steadiness soak wheel clean addon-check addon-check-all
+        verify-nightly bench bench-prefetch bench-cuda demo results transformers steadiness lookahead soak wheel clean addon-check addon-check-all
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -142,6 +142,9 @@ transformers: install ## Regenerate docs/transformers.md (keras-hub GPT-2, BERT,
 
 steadiness: install ## Replay every point of docs/results.md for 30 steps: mean, fastest and slowest step (docs/steadiness.md)
 	$(PY) -m tflms steadiness --force --json-output docs/steadiness.json
+
+lookahead: install ## Replay every point of docs/steadiness.md with prefetch at lookaheads 32, 64, 128 (docs/lookahead.md)
+	$(PY) -m tflms lookahead --force --json-output docs/lookahead.json
 
 soak: install ## A million random engine operations against a reference model
 	$(PY) -m tests.soak --ops 1000000

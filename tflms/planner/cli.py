@@ -1,4 +1,5 @@
-"""`tflms simulate`, `demo`, `results`, `transformers`, `steadiness`: the planner's commands.
+"""The planner's commands: `tflms simulate`, `demo`, `results`, `transformers`, `steadiness`,
+`lookahead`.
 
 Nothing heavy is imported at module level: `tflms --help` stays instant.
 """
@@ -242,16 +243,37 @@ def add_parsers(sub: Any) -> None:
         "wins by the means (docs/steadiness.md).",
     )
     st.add_argument("--results", default="docs/results.json", help="the saved `tflms results` JSON")
-    st.add_argument("--output", default="docs/steadiness.md", help="markdown file to write")
-    st.add_argument("--json-output", help="also write the step times as JSON here")
-    st.add_argument("--from-json", metavar="FILE", help="rewrite the markdown from saved JSON")
-    st.add_argument("--only", help="only the points whose label contains this text")
-    st.add_argument(
+    _page_run_options(st, "docs/steadiness.md")
+    st.set_defaults(func=cmd_steadiness)
+
+    la = sub.add_parser(
+        "lookahead",
+        help="replay every point of docs/steadiness.md with prefetch at other lookaheads",
+        description="Replay every point of a saved steadiness JSON with prefetch at other "
+        "lookaheads (30 steps each, from fresh engines) and report which is fastest where "
+        "against paging on demand and the default (docs/lookahead.md).",
+    )
+    la.add_argument(
+        "--steadiness", default="docs/steadiness.json", help="the saved `tflms steadiness` JSON"
+    )
+    la.add_argument(
+        "--lookaheads", default="32,64,128", help="lookaheads to replay (default 32,64,128)"
+    )
+    _page_run_options(la, "docs/lookahead.md")
+    la.set_defaults(func=cmd_lookahead)
+
+
+def _page_run_options(p: Any, output: str) -> None:
+    """The options of a command that replays saved points and writes a page of them."""
+    p.add_argument("--output", default=output, help="markdown file to write")
+    p.add_argument("--json-output", help="also write the step times as JSON here")
+    p.add_argument("--from-json", metavar="FILE", help="rewrite the markdown from saved JSON")
+    p.add_argument("--only", help="only the points whose label contains this text")
+    p.add_argument(
         "--jobs", type=int, default=0, help="replays at a time (default: one per CPU core)"
     )
-    st.add_argument("--force", action="store_true", help="overwrite a file tflms did not write")
-    st.add_argument("--no-progress", action="store_true", help="no progress bar")
-    st.set_defaults(func=cmd_steadiness)
+    p.add_argument("--force", action="store_true", help="overwrite a file tflms did not write")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _fail(msg: str) -> int:
@@ -692,23 +714,37 @@ def cmd_transformers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _page_run(args: argparse.Namespace, marker: str, render: Any) -> tuple[Path, int | None]:
+    """The page a long run writes, and None to go on running, or the exit code: refused (a
+    file it did not write, no engine), or rewritten from --from-json without running."""
+    out = Path(args.output)
+    reason = _check_writable(out, args.force, marker)
+    if reason:
+        return out, _fail(reason)
+    if args.from_json:
+        return out, _rewrite_from_json(Path(args.from_json), out, render)
+    reason = _engine_ready()
+    return out, (_fail(reason) if reason else None)
+
+
+def _write_page(out: Path, text: str, json_output: str | None, data: Any) -> None:
+    if json_output:
+        Path(json_output).write_text(json.dumps(data, indent=2), encoding="utf-8")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+
+
 def cmd_steadiness(args: argparse.Namespace) -> int:
     import os
 
     from tflms.planner import steadiness
     from tflms.planner.simulate import progress_bar
 
-    out = Path(args.output)
-    reason = _check_writable(out, args.force, steadiness.STEADINESS_MARKER)
-    if reason:
-        return _fail(reason)
-    if args.from_json:
-        return _rewrite_from_json(
-            Path(args.from_json), out, lambda d: steadiness.markdown(steadiness.from_json(d))
-        )
-    reason = _engine_ready()
-    if reason:
-        return _fail(reason)
+    out, done = _page_run(
+        args, steadiness.STEADINESS_MARKER, lambda d: steadiness.markdown(steadiness.from_json(d))
+    )
+    if done is not None:
+        return done
     try:
         saved = json.loads(Path(args.results).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -728,11 +764,54 @@ def cmd_steadiness(args: argparse.Namespace) -> int:
         measured = list(steadiness.measure(points, jobs, lambda p: bar.update(1)))
     finally:
         bar.close()
-    if args.json_output:
-        Path(args.json_output).write_text(
-            json.dumps(steadiness.to_json(measured), indent=2), encoding="utf-8"
-        )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(steadiness.markdown(measured), encoding="utf-8")
+    _write_page(out, steadiness.markdown(measured), args.json_output, steadiness.to_json(measured))
     print(f"wrote {out} ({len(measured)} points)")
+    return 0
+
+
+def cmd_lookahead(args: argparse.Namespace) -> int:
+    import os
+
+    from tflms.planner import lookahead_sweep as ls
+    from tflms.planner.lookahead import DEFAULT_LOOKAHEAD, parse_lookaheads
+    from tflms.planner.simulate import progress_bar
+
+    out, done = _page_run(args, ls.LOOKAHEAD_MARKER, lambda d: ls.markdown(ls.from_json(d)))
+    if done is not None:
+        return done
+    try:
+        lookaheads = parse_lookaheads(args.lookaheads)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.jobs < 0:
+        return _fail("--jobs must be 0 (one per CPU core) or more")
+    try:
+        saved = json.loads(Path(args.steadiness).read_text(encoding="utf-8"))
+        entries = [e for e in saved["points"] if "on_demand" in e and "prefetch" in e]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return _fail(
+            f"cannot read the saved steadiness {args.steadiness}: {exc} (`make steadiness`)"
+        )
+    saved = {"points": entries}
+    from tflms.planner.steadiness import Point
+
+    matching = [e for e in entries if not args.only or args.only in Point(**e["point"]).label()]
+    if not matching:
+        return _fail(f"no point of {args.steadiness} matches --only {args.only!r}")
+    replays = len(matching) * len([v for v in lookaheads if v != DEFAULT_LOOKAHEAD])
+    bar = progress_bar("lookahead", replays, not args.no_progress and sys.stderr.isatty(), "replay")
+    try:
+        swept = list(
+            ls.sweep(
+                saved,
+                lookaheads,
+                args.jobs or os.cpu_count() or 1,
+                args.only,
+                lambda: bar.update(1),
+            )
+        )
+    finally:
+        bar.close()
+    _write_page(out, ls.markdown(swept), args.json_output, ls.to_json(swept))
+    print(f"wrote {out} ({len(swept)} points)")
     return 0

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tflms.planner.replay import StepPlan
     from tflms.planner.simulate import Machine
     from tflms.planner.steadiness import Series
     from tflms.trace.format import Trace
@@ -71,6 +72,21 @@ def parse_lookaheads(text: str) -> list[int]:
     return sorted(set(values))
 
 
+def replay_lookahead(plan: StepPlan, machine: Machine, lookahead: int | None) -> Series:
+    """One mode from a fresh engine: paging on demand (None) or prefetch at `lookahead`."""
+    from tflms.planner.replay import first_measured_step, replay
+    from tflms.planner.steadiness import ON_DEMAND_STEPS, PREFETCH_STEPS, Series
+
+    prefetch = lookahead is not None
+    config = machine.config(prefetch=prefetch)
+    if lookahead is not None:
+        config = dataclasses.replace(config, prefetch_lookahead=lookahead)
+    steps = PREFETCH_STEPS if prefetch else ON_DEMAND_STEPS
+    r = replay(plan, machine.gpu, config, steps=steps, timed=True)
+    first = first_measured_step(config, steps, timed=True)
+    return Series(list(r.host_step_s), steps, first, r.oom_op)
+
+
 def tune_lookahead(
     trace: Trace,
     machine: Machine,
@@ -78,25 +94,17 @@ def tune_lookahead(
     progress: bool = False,
 ) -> Tuning:
     """Replays paging on demand and prefetch at each lookahead; recommends one or none."""
-    from tflms.planner.replay import first_measured_step, replay
     from tflms.planner.simulate import build_plan, progress_bar
-    from tflms.planner.steadiness import ON_DEMAND_STEPS, PREFETCH_STEPS, Series
+    from tflms.planner.steadiness import ON_DEMAND_STEPS, PREFETCH_STEPS
 
     plan = build_plan(trace, machine.gpu)
-    modes: list[int | None] = [None, *lookaheads]
     total = (ON_DEMAND_STEPS + PREFETCH_STEPS * len(lookaheads)) * len(plan.inputs)
     bar = progress_bar(f"lookahead {trace.model} batch {trace.batch_size}", total, progress)
     runs: list[Run] = []
     try:
-        for lookahead in modes:
-            prefetch = lookahead is not None
-            config = machine.config(prefetch=prefetch)
-            if prefetch:
-                config = dataclasses.replace(config, prefetch_lookahead=lookahead)
-            steps = PREFETCH_STEPS if prefetch else ON_DEMAND_STEPS
-            r = replay(plan, machine.gpu, config, steps=steps, timed=True)
-            first = first_measured_step(config, steps, timed=True)
-            runs.append(Run(lookahead, Series(list(r.host_step_s), steps, first, r.oom_op)))
+        for lookahead in [None, *lookaheads]:
+            runs.append(Run(lookahead, replay_lookahead(plan, machine, lookahead)))
+            steps = ON_DEMAND_STEPS if lookahead is None else PREFETCH_STEPS
             bar.update(steps * len(plan.inputs))
     finally:
         bar.close()

@@ -141,8 +141,8 @@ def _study_points(study: dict[str, Any]) -> list[Point]:
     return points
 
 
-def replay_point(point: Point) -> dict[str, Series]:
-    """Both modes of one point, each replayed from a fresh engine."""
+def point_plan(point: Point) -> tuple[StepPlan, Machine]:
+    """The step plan of a point and the machine it runs on, as docs/results.md had them."""
     from tflms.planner.machines import get_pairing
     from tflms.planner.simulate import Machine, build_plan
     from tflms.planner.study import HOST_FACTOR, get_trace
@@ -156,7 +156,12 @@ def replay_point(point: Point) -> dict[str, Series]:
         trace = get_trace(point.model, point.trace_batch, None)
         if point.n != trace.batch_size:
             trace = trace.rescaled(point.n)
-    return replay_modes(build_plan(trace, machine.gpu), machine)
+    return build_plan(trace, machine.gpu), machine
+
+
+def replay_point(point: Point) -> dict[str, Series]:
+    """Both modes of one point, each replayed from a fresh engine."""
+    return replay_modes(*point_plan(point))
 
 
 # The series of one point: each mode with the host running ahead into the next step (as
