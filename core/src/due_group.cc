@@ -133,7 +133,11 @@ bool Engine::Impl::DueGroupFitsLocked(
       }
     }
     if (g == gaps.end()) return false;
-    if (item.second != nullptr) places->push_back({item.second, g->second});
+    // The unreserved tail has no address to page a member in at: its pin
+    // will, as any page-in.
+    if (item.second != nullptr && g->second != nullptr) {
+      places->push_back({item.second, g->second});
+    }
     g->first -= item.first;
     if (g->second != nullptr) g->second += item.first;
   }
@@ -207,10 +211,6 @@ bool Engine::Impl::PlaceDueGroupLocked(std::unique_lock<std::mutex>& lock,
     // ResNet50's batch norm inputs at 1497 on the AC922 into the free run
     // a later 4.8 GB allocation needed, and it failed.
     if (on_host.size() < 2) return false;
-    places.erase(
-        std::remove_if(places.begin(), places.end(),
-                       [](const auto& p) { return p.second == nullptr; }),
-        places.end());
     return !places.empty() && MoveDueGroupLocked(lock, places);
   }
   // The window: a run of chunks that may leave, resident members'

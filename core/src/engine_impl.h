@@ -333,8 +333,8 @@ class Engine::Impl {
   bool PlaceDueGroupLocked(std::unique_lock<std::mutex>& lock, Buffer* b);
   // Whether, the group's resident members pinned where they lie, its
   // members on the host and the `output` bytes each find a gap. If so,
-  // *places gets each member on the host with the address the fit gave it
-  // (nullptr: beyond the arena's regions).
+  // *places gets each member on the host that the fit put in a gap between
+  // chunks, with its address (not those it put beyond the arena's regions).
   bool DueGroupFitsLocked(
       const std::unordered_set<const Buffer*>& in_group,
       const std::vector<Buffer*>& on_host, size_t output,
