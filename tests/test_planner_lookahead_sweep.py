@@ -21,7 +21,7 @@ UNET = "UNet3D 400^3 on dgx-a100-40gb"
 @pytest.mark.tf
 def test_the_unet_point_is_replayed_at_a_shorter_lookahead_and_the_page_says_it_wins() -> None:
     saved = json.loads(STEADINESS.read_text(encoding="utf-8"))
-    swept = list(ls.sweep(saved, [32], jobs=1, only=UNET))
+    swept = list(ls.sweep(ls.entries_of(saved, UNET), [32], jobs=1))
     assert [s.point.kind for s in swept] == ["overhead", "largest"]
     for s in swept:
         short, default = s.prefetch[32], s.prefetch[256]

@@ -787,29 +787,18 @@ def cmd_lookahead(args: argparse.Namespace) -> int:
         return _fail("--jobs must be 0 (one per CPU core) or more")
     try:
         saved = json.loads(Path(args.steadiness).read_text(encoding="utf-8"))
-        entries = [e for e in saved["points"] if "on_demand" in e and "prefetch" in e]
+        entries = ls.entries_of(saved, args.only)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return _fail(
             f"cannot read the saved steadiness {args.steadiness}: {exc} (`make steadiness`)"
         )
-    saved = {"points": entries}
-    from tflms.planner.steadiness import Point
-
-    matching = [e for e in entries if not args.only or args.only in Point(**e["point"]).label()]
-    if not matching:
+    if not entries:
         return _fail(f"no point of {args.steadiness} matches --only {args.only!r}")
-    replays = len(matching) * len([v for v in lookaheads if v != DEFAULT_LOOKAHEAD])
+    replays = len(entries) * len([v for v in lookaheads if v != DEFAULT_LOOKAHEAD])
     bar = progress_bar("lookahead", replays, not args.no_progress and sys.stderr.isatty(), "replay")
+    jobs = args.jobs or os.cpu_count() or 1
     try:
-        swept = list(
-            ls.sweep(
-                saved,
-                lookaheads,
-                args.jobs or os.cpu_count() or 1,
-                args.only,
-                lambda: bar.update(1),
-            )
-        )
+        swept = list(ls.sweep(entries, lookaheads, jobs, lambda: bar.update(1)))
     finally:
         bar.close()
     _write_page(out, ls.markdown(swept), args.json_output, ls.to_json(swept))

@@ -1,4 +1,4 @@
-"""Which prefetch lookahead to set for one model on one machine (`tflms plan --tune-lookahead`).
+"""Which prefetch lookahead to set for one model on one machine (`tflms simulate --tune-lookahead`).
 
 The lookahead (TensorFlow: `set_lms_prefetch_lookahead`, the engine's `prefetch_lookahead`)
 is how many tensor uses ahead prefetch pages tensors in. Its default, 256, is the best of
@@ -111,26 +111,31 @@ def tune_lookahead(
     return Tuning(runs, recommend(runs))
 
 
-def recommend(runs: Sequence[Run]) -> int | None:
-    """The fastest lookahead whose mean beats on demand's by more than MARGIN, else None.
+def rank(lookahead: int, mean: float) -> tuple[float, bool, int]:
+    """Orders lookaheads by their mean step; ties go to the default, then to the shorter one
+    (less held ahead of use)."""
+    return (round(mean, 6), lookahead != DEFAULT_LOOKAHEAD, lookahead)
 
-    runs[0] is paging on demand; where it runs out of memory, the fastest lookahead that
-    fits. Ties go to the default, then to the shorter lookahead (less held ahead of use).
-    """
+
+def beats_on_demand(mean: float, on_demand: float | None) -> bool:
+    """Faster than paging on demand by more than steadiness.MARGIN; any step time beats an
+    on-demand replay that ran out of memory (None)."""
     from tflms.planner.steadiness import MARGIN
 
+    return on_demand is None or mean < on_demand * (1 - MARGIN)
+
+
+def recommend(runs: Sequence[Run]) -> int | None:
+    """The best-ranked lookahead that beats paging on demand (runs[0]), else None."""
     od = runs[0].series
     od_mean = od.mean() if od.fits else None
-    best: tuple[float, int, int] | None = None
+    winners = {}
     for r in runs[1:]:
         assert r.lookahead is not None
         m = r.series.mean() if r.series.fits else None
-        if m is None or (od_mean is not None and m >= od_mean * (1 - MARGIN)):
-            continue
-        key = (round(m, 6), r.lookahead != DEFAULT_LOOKAHEAD, r.lookahead)
-        if best is None or key < best:
-            best = key
-    return None if best is None else best[2]
+        if m is not None and beats_on_demand(m, od_mean):
+            winners[r.lookahead] = m
+    return min(winners, key=lambda la: rank(la, winners[la]), default=None)
 
 
 def format_tuning(t: Tuning) -> str:
@@ -163,9 +168,8 @@ def format_tuning(t: Tuning) -> str:
         m = s.mean()
         assert m is not None
         vs = "-" if r.lookahead is None or od_mean is None else f"{100 * (m / od_mean - 1):+.1f}%"
-        w = s.window
-        inner = w[1:-1] if len(w) > 2 else w
-        lines.append(f"| {name} | {m:.3f} s | {vs} | {min(inner):.3f}-{max(inner):.3f} s |")
+        fastest, slowest = s.spread() or (m, m)
+        lines.append(f"| {name} | {m:.3f} s | {vs} | {fastest:.3f}-{slowest:.3f} s |")
     lines.append("")
     if t.recommended is None:
         lines.append(

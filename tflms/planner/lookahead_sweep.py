@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from tflms.planner.lookahead import DEFAULT_LOOKAHEAD
+from tflms.planner.lookahead import DEFAULT_LOOKAHEAD, beats_on_demand, rank
 from tflms.planner.steadiness import MARGIN, Point, Series
 
 LOOKAHEAD_MARKER = (
@@ -35,10 +35,8 @@ class Swept:
 
     def best(self) -> int | None:
         """The fastest lookahead that runs every step; ties go to the default, then shorter."""
-        fits = {la: s.mean() for la, s in self.prefetch.items() if s.fits}
-        if not fits:
-            return None
-        return min(fits, key=lambda la: (round(fits[la] or 0.0, 6), la != DEFAULT_LOOKAHEAD, la))
+        fits = {la: m for la, s in self.prefetch.items() if s.fits and (m := s.mean()) is not None}
+        return min(fits, key=lambda la: rank(la, fits[la]), default=None)
 
 
 def _replay(job: tuple[Point, int]) -> Series:
@@ -49,17 +47,26 @@ def _replay(job: tuple[Point, int]) -> Series:
     return replay_lookahead(*point_plan(point), lookahead)
 
 
+def entries_of(steadiness_json: dict[str, Any], only: str | None = None) -> list[dict[str, Any]]:
+    """The points of a saved steadiness JSON that have both modes (and whose label contains
+    `only`). KeyError or TypeError where it is not one."""
+    return [
+        e
+        for e in steadiness_json["points"]
+        if "on_demand" in e
+        and "prefetch" in e
+        and (only is None or only in Point(**e["point"]).label())
+    ]
+
+
 def sweep(
-    steadiness_json: dict[str, Any],
+    entries: list[dict[str, Any]],
     lookaheads: Sequence[int] = SWEPT,
     jobs: int = 1,
-    only: str | None = None,
     on_done: Callable[[], None] | None = None,
 ) -> Iterator[Swept]:
-    """Replays every point at each lookahead (the default's series is read, not replayed)."""
-    entries = [
-        e for e in steadiness_json["points"] if only is None or only in Point(**e["point"]).label()
-    ]
+    """Replays every entry (entries_of) at each lookahead; the default's series is read from
+    the entry, not replayed."""
     todo = [la for la in lookaheads if la != DEFAULT_LOOKAHEAD]
     work = [(Point(**e["point"]), la) for e in entries for la in todo]
     if jobs <= 1:
@@ -125,11 +132,12 @@ def markdown(swept: list[Swept]) -> str:
         best_counts[b] = best_counts.get(b, 0) + 1
 
     def beats(s: Swept, la: int | None) -> bool:
-        od = s.on_demand.mean() if s.on_demand.fits else None
         if la is None or not s.prefetch[la].fits:
             return False
         m = s.prefetch[la].mean()
-        return m is not None and (od is None or m < od * (1 - MARGIN))
+        return m is not None and beats_on_demand(
+            m, s.on_demand.mean() if s.on_demand.fits else None
+        )
 
     default_wins = sum(beats(s, DEFAULT_LOOKAHEAD) for s in swept)
     best_wins = sum(beats(s, s.best()) for s in swept)

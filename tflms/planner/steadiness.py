@@ -80,6 +80,20 @@ class Series:
     def window(self) -> list[float]:
         return self.steps[self.first - 1 :]
 
+    def spread(self) -> tuple[float, float] | None:
+        """The fastest and slowest step of the window, bar its first and last.
+
+        A step is timed on the host, which runs ahead of the GPU: the first step after the
+        window's drain looks short and the last, which waits for the final drain, long (the
+        3D U-Net at 272^3 on the DGX-1: 2.03 and 7.16 s around eighteen of 4.59 s). The
+        mean, from drain to drain, is not affected; the spread leaves those two out.
+        """
+        w = self.window
+        if not w:
+            return None
+        inner = w[1:-1] if len(w) > 2 else w
+        return min(inner), max(inner)
+
     def mean(self) -> float | None:
         w = self.window
         return statistics.fmean(w) if w else None
@@ -254,15 +268,10 @@ STEADINESS_MARKER = (
 
 
 def _spread(s: Series) -> str:
-    w = s.window
-    if not w:
+    spread = s.spread()
+    if spread is None:
         return "-"
-    # A step is timed on the host, which runs ahead of the GPU: the first step after the
-    # window's drain looks short and the last, which waits for the final drain, long
-    # (the 3D U-Net at 272^3 on the DGX-1: 2.03 and 7.16 s around eighteen of 4.59 s).
-    # The mean, from drain to drain, is not affected; the spread leaves those two out.
-    inner = w[1:-1] if len(w) > 2 else w
-    return f"{statistics.fmean(w):.3f} ({min(inner):.3f}-{max(inner):.3f})"
+    return f"{statistics.fmean(s.window):.3f} ({spread[0]:.3f}-{spread[1]:.3f})"
 
 
 def _off(table: float | None, s: Series) -> str:
