@@ -78,6 +78,11 @@ def run_case_with_log(
     return result, proc.stderr
 
 
+def waited_allocations(log: str) -> list[str]:
+    """The allocator's lines for allocations that succeeded only after waiting."""
+    return [line for line in log.splitlines() if "only after waiting" in line]
+
+
 def program_output(result: dict) -> dict:
     """What the program computed, without the engine's statistics and timings."""
     engine = ("stats", "wall_s", "kernel_wait_ns", "active_between_steps")
@@ -262,19 +267,44 @@ def test_custom_op_built_against_stock_headers_works(tmp_path: Path) -> None:
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
     env = {"TFCPU_CUSTOM_OP": str(library)}
     stock = run_case("custom_op", "stock", env)
-    lms = run_case("custom_op", "lms", env)
+    lms, log = run_case_with_log("custom_op", "lms", env)
     assert lms["values"] == stock["values"]
     assert lms["stats"]["bytes_reclaimed"] > 0
+    # Its optional scratch space does not fit: the allocator says so once, as
+    # TensorFlow's BFC allocator does, and the kernel goes on without it.
+    optional = [line for line in log.splitlines() if "indicates that this is not a failure" in line]
+    assert len(optional) == 1, log[-3000:]
+    assert f"allocate {16 << 20} bytes" in optional[0]
+    assert "ran out of memory trying to allocate" not in log.replace(optional[0], "")
 
 
 def test_allocation_waits_for_memory_another_thread_frees() -> None:
     # Issue 12: the LMS allocator failed at once where TensorFlow's BFC
     # allocator waits for frees (allocations that allow retry).
     stock = stock_output("retry")
-    lms = run_case("retry", "lms")
+    lms, log = run_case_with_log("retry", "lms")
     assert lms["values"] == stock["values"]
     assert lms["waited"] >= 0.4
     assert lms["stats"]["num_ooms"] >= 1  # the first attempt failed
+    # The wait is logged with why the first attempt failed (BFC waits silently).
+    waits = waited_allocations(log)
+    assert len(waits) == 1, log[-3000:]
+    assert f"could allocate {6 * 1024 * 1024} bytes only after waiting" in waits[0]
+    assert "first attempt failed: " in waits[0] and "out of memory" in waits[0].lower()
+
+
+def test_page_in_waits_for_memory_another_thread_frees() -> None:
+    # A pin that must page its tensor in is an allocation: it failed its kernel at once
+    # where the memory was held only by a tensor another thread was about to drop, which
+    # TensorFlow without LMS would have waited for.
+    stock = stock_output("pin_retry")
+    lms, log = run_case_with_log("pin_retry", "lms")
+    assert lms["values"] == stock["values"]
+    assert lms["waited"] >= 0.4
+    assert lms["stats"]["num_page_ins"] >= 1
+    waits = waited_allocations(log)
+    assert len(waits) == 1, log[-3000:]
+    assert f"could page in {6 * 1024 * 1024} bytes only after waiting" in waits[0]
 
 
 def test_xla_clusters_are_named_once_with_what_to_change() -> None:
@@ -407,7 +437,7 @@ def test_keras_fit_learns_its_steps_and_prefetch_hits() -> None:
     # again either way). Counts, not times: the machine's load must not decide.
     stock = stock_output("keras_fit")
     on_demand = run_case("keras_fit", "lms")
-    pre = run_case("keras_fit", "prefetch")
+    pre, log = run_case_with_log("keras_fit", "prefetch")
     assert program_output(on_demand) == stock
     assert program_output(pre) == stock
     stats = pre["stats"]
@@ -425,7 +455,11 @@ def test_keras_fit_learns_its_steps_and_prefetch_hits() -> None:
     # that held under load before those mends.
     assert stats["prefetch_pins_in_order"] >= 0.4 * stats["prefetch_pins"], stats
     assert stats["prefetch_hits"] >= 0.2 * stats["num_page_ins"], stats
-    assert stats["num_ooms"] == 0
+    # Once in five fresh-clone CI runs under load, 4 attempts failed (values still
+    # equal): the allocator's lines say which requests failed, waited or went without,
+    # and what held the memory.
+    allocator_lines = [line for line in log.splitlines() if "Allocator (" in line]
+    assert stats["num_ooms"] == 0, (allocator_lines, stats)
     assert 0 <= stats["num_planned_prefetches"] <= stats["num_prefetches"], stats
     assert 0 <= stats["num_clean_evictions"] <= stats["num_prefetches"], stats
     # What a GPU's kernels would wait for: bytes paged in at a pin. On demand that is

@@ -36,6 +36,7 @@ DEVICE_MEMORY = {
     "dlpack": "8MiB",
     "custom_op": "8MiB",
     "retry": "8MiB",
+    "pin_retry": "8MiB",
     "xla": "8MiB",
     "big_variables": "4MiB",
     "fragmented": "9MiB",
@@ -323,7 +324,9 @@ def custom_op(tf: Any) -> dict[str, Any]:
     total = tf.reduce_sum(scaled)
     if tc.enabled():
         tc.reclaim_inactive()
-    again = tf.reduce_sum(module.tflms_test_scale(scaled, factor=2.0) + own)
+    # With an optional 16 MiB scratch space, more than the modelled device holds.
+    scaled_again = module.tflms_test_scale(scaled, factor=2.0, scratch_bytes=16 << 20)
+    again = tf.reduce_sum(scaled_again + own)
     return {"values": _hex([total, again])}
 
 
@@ -351,6 +354,36 @@ def retry(tf: Any) -> dict[str, Any]:
     thread.join()
     # Read on the host: y fills the device (BFC does not split a chunk for it).
     return {"values": _hex([np.asarray(y).astype(np.float64).sum()]), "waited": waited}
+
+
+def pin_retry(tf: Any) -> dict[str, Any]:
+    # A kernel whose input was paged out, while another thread holds the memory its
+    # page-in needs and is about to drop it: the pin waits, as an allocation does.
+    import threading
+    import time
+
+    import numpy as np
+
+    import tflms.tfcpu as tc
+
+    n = 6 * 1024 * 1024 // 4
+    x = tf.fill([n], tf.constant(0.75))
+    if tc.enabled():
+        tc.reclaim_inactive()  # x is on the host now
+    held = [tf.fill([n], tf.constant(1.5))]
+    held.append(np.asarray(held[0]))  # the address escaped: it cannot move
+
+    def release() -> None:
+        time.sleep(0.5)
+        held.clear()
+
+    thread = threading.Thread(target=release)
+    thread.start()
+    start = time.monotonic()
+    total = tf.reduce_sum(x)  # pins x: its page-in does not fit beside the held tensor
+    waited = time.monotonic() - start
+    thread.join()
+    return {"values": _hex([total]), "waited": waited}
 
 
 def xla(tf: Any) -> dict[str, Any]:
@@ -645,6 +678,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "dlpack": dlpack,
     "custom_op": custom_op,
     "retry": retry,
+    "pin_retry": pin_retry,
     "xla": xla,
     "big_variables": big_variables,
     "fragmented": fragmented,

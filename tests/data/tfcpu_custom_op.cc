@@ -54,9 +54,21 @@ class ScaleOp : public OpKernel {
  public:
   explicit ScaleOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("factor", &factor_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("scratch_bytes", &scratch_bytes_));
   }
   void Compute(OpKernelContext* ctx) override {
     const Tensor& in = ctx->input(0);
+    if (scratch_bytes_ > 0) {
+      // An optional scratch space, as cuDNN's autotuning asks for: the
+      // kernel computes the same without it.
+      tensorflow::AllocationAttributes optional;
+      optional.retry_on_failure = false;
+      Tensor scratch;
+      (void)ctx->allocate_temp(tensorflow::DT_UINT8,
+                               tensorflow::TensorShape({scratch_bytes_}),
+                               &scratch, tensorflow::AllocatorAttributes(),
+                               optional);
+    }
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, in.shape(), &out));
     auto x = in.flat<float>();
@@ -66,6 +78,7 @@ class ScaleOp : public OpKernel {
 
  private:
   float factor_;
+  int64_t scratch_bytes_;
 };
 
 }  // namespace
@@ -78,6 +91,7 @@ REGISTER_OP("TflmsTestScale")
     .Input("x: float")
     .Output("y: float")
     .Attr("factor: float")
+    .Attr("scratch_bytes: int = 0")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape);
 REGISTER_KERNEL_BUILDER(Name("TflmsTestOwnBuffer").Device(tensorflow::DEVICE_CPU),
                         OwnBufferOp);

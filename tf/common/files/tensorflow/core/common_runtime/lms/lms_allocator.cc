@@ -44,6 +44,12 @@ namespace {
 constexpr size_t kEngineAlignment = 256;
 // tsl::BFCAllocator's kMaxMillisToWait for allocations that allow retry.
 constexpr std::chrono::milliseconds kRetryTimeout(10000);
+// Allocations that succeeded only after waiting are logged this many times
+// per allocator: enough to show which requests wait and why, without a line
+// per step in a run that waits every step.
+constexpr int kMaxWaitLogs = 3;
+// tsl::BFCAllocator's cap on its lines for optional allocations that failed.
+constexpr int kMaxOptionalFailureLogs = 10;
 
 tflms::Buffer* AsBuffer(void* handle) {
   return static_cast<tflms::Buffer*>(handle);
@@ -122,44 +128,82 @@ void* LmsAllocator::AllocateRaw(size_t alignment, size_t num_bytes) {
 void* LmsAllocator::AllocateRaw(size_t alignment, size_t num_bytes,
                                 const tsl::AllocationAttributes& attr) {
   if (!AlignmentSupported(alignment)) return nullptr;
-  tflms::Status status;
-  void* ptr = AllocateWithRetry<void>(
-      num_bytes, attr, &status,
-      [&](tflms::Status* s) { return engine_->AllocateRaw(num_bytes, s); });
-  if (ptr == nullptr && attr.retry_on_failure) {
-    // Callers that can do without the memory (retry_on_failure == false)
-    // handle the failure themselves; log only for the others, as BFC does.
-    LOG(WARNING) << "Allocator (" << name_ << ") ran out of memory trying to "
-                 << "allocate " << num_bytes << " bytes: " << status.message();
-  }
-  return ptr;
+  return AllocateWithRetry<void>(num_bytes, attr, "allocate",
+                                 [&](tflms::Status* s) {
+                                   return engine_->AllocateRaw(num_bytes, s);
+                                 });
 }
 
 template <typename T, typename Attempt>
 T* LmsAllocator::AllocateWithRetry(size_t num_bytes,
                                    const tsl::AllocationAttributes& attr,
-                                   tflms::Status* status, Attempt attempt) {
+                                   const char* what, Attempt attempt) {
+  tflms::Status status;
   uint64_t seen = frees_.load();
-  T* result = attempt(status);
-  if (result != nullptr || !attr.retry_on_failure ||
-      num_bytes > engine_->options().memory_limit) {
-    return result;  // nothing anyone frees can make room for it
-  }
-  const auto deadline = std::chrono::steady_clock::now() + kRetryTimeout;
-  std::unique_lock<std::mutex> lock(retry_mu_);
-  ++waiters_;
-  while (result == nullptr) {
-    if (!retry_cv_.wait_until(lock, deadline,
-                              [&] { return frees_.load() != seen; })) {
-      break;  // timed out; *status holds the last failure
+  T* result = attempt(&status);
+  if (result != nullptr) return result;
+  // Only memory can come free: any other failure (a device fault, a stale
+  // page-in) is the caller's to report.
+  if (status.code() != tflms::Code::kResourceExhausted) return nullptr;
+  if (!attr.retry_on_failure) {
+    // An optional allocation (a scratch space, say): the caller does without
+    // it. Said the first few times, as tsl::BFCAllocator says it.
+    if (optional_failure_logs_.fetch_add(1) < kMaxOptionalFailureLogs) {
+      LOG(WARNING) << "Allocator (" << name_ << ") ran out of memory trying "
+                   << "to " << what << " " << num_bytes << " bytes. The caller "
+                   << "indicates that this is not a failure, but this may "
+                   << "mean that there could be performance gains if more "
+                   << "memory were available: " << status.message();
     }
-    seen = frees_.load();
-    lock.unlock();
-    result = attempt(status);
-    lock.lock();
+    return nullptr;
   }
-  --waiters_;
-  return result;
+  if (num_bytes <= engine_->options().memory_limit) {
+    // Only then can anything other threads free make room for it.
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + kRetryTimeout;
+    // Why the first attempt failed: the engine's message names what held
+    // the memory, which a later successful attempt no longer says.
+    const std::string first_failure = status.message();
+    {
+      std::unique_lock<std::mutex> lock(retry_mu_);
+      ++waiters_;
+      while (result == nullptr &&
+             status.code() == tflms::Code::kResourceExhausted) {
+        if (!retry_cv_.wait_until(lock, deadline,
+                                  [&] { return frees_.load() != seen; })) {
+          break;  // timed out; status holds the last failure
+        }
+        seen = frees_.load();
+        lock.unlock();
+        result = attempt(&status);
+        lock.lock();
+      }
+      --waiters_;
+    }
+    if (result != nullptr) {
+      // TensorFlow's BFC allocator waits the same way without a word; with
+      // LMS a wait means tensors in use (pinned by running kernels, or by
+      // producers whose consumers have not run) held the memory, which no
+      // reclaim can move: the kernel stalled instead of failing.
+      if (wait_logs_.fetch_add(1) < kMaxWaitLogs) {
+        const auto waited =
+            std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::steady_clock::now() - start);
+        LOG(WARNING) << "Allocator (" << name_ << ") could " << what << " "
+                     << num_bytes << " bytes only after waiting "
+                     << waited.count()
+                     << " ms for other threads to free or unpin memory; the "
+                     << "first attempt failed: " << first_failure;
+      }
+      return result;
+    }
+  }
+  if (status.code() == tflms::Code::kResourceExhausted) {
+    LOG(WARNING) << "Allocator (" << name_ << ") ran out of memory trying to "
+                 << what << " " << num_bytes
+                 << " bytes: " << status.message();
+  }
+  return nullptr;
 }
 
 void LmsAllocator::NotifyFreed() {
@@ -236,21 +280,11 @@ void* LmsAllocator::AllocateMovable(size_t alignment, size_t num_bytes,
                                     void** data) {
   *data = nullptr;
   if (!AlignmentSupported(alignment)) return nullptr;
-  tflms::Status status;
   // Allocated pinned: its creator holds it until the first consumer unpins.
-  tflms::Buffer* buffer = AllocateWithRetry<tflms::Buffer>(
-      num_bytes, attr, &status, [&](tflms::Status* s) {
+  return AllocateWithRetry<tflms::Buffer>(
+      num_bytes, attr, "allocate", [&](tflms::Status* s) {
         return engine_->AllocateBuffer(num_bytes, /*pinned=*/true, s, data);
       });
-  if (buffer == nullptr) {
-    if (attr.retry_on_failure) {
-      LOG(WARNING) << "Allocator (" << name_ << ") ran out of memory trying "
-                   << "to allocate " << num_bytes
-                   << " bytes: " << status.message();
-    }
-    return nullptr;
-  }
-  return buffer;
 }
 
 void LmsAllocator::DeallocateMovable(void* handle) {
@@ -265,7 +299,33 @@ void LmsAllocator::DeallocateMovable(void* handle) {
 }
 
 absl::Status LmsAllocator::PinMovable(void* handle, void** data) {
-  return ToAbslStatus(engine_->Pin(AsBuffer(handle), data));
+  return PageInWithRetry(handle, data, [&](void** d) {
+    return engine_->Pin(AsBuffer(handle), d);
+  });
+}
+
+template <typename Attempt>
+absl::Status LmsAllocator::PageInWithRetry(void* handle, void** data,
+                                           Attempt attempt) {
+  // Paging a tensor back in is an allocation: it waits for other threads'
+  // frees and unpins as one does, where failing at once would fail a kernel
+  // that TensorFlow without LMS would have run (its memory was held only by
+  // kernels running beside it).
+  tflms::Status last = attempt(data);
+  if (last.code() != tflms::Code::kResourceExhausted) {
+    return ToAbslStatus(last);  // the common case costs no size lookup
+  }
+  void* ptr = AllocateWithRetry<void>(
+      engine_->BufferSize(AsBuffer(handle)), tsl::AllocationAttributes(),
+      "page in", [&](tflms::Status* s) -> void* {
+        void* d = nullptr;
+        *s = attempt(&d);
+        last = *s;
+        return s->ok() ? d : nullptr;
+      });
+  if (ptr == nullptr) return ToAbslStatus(last);
+  *data = ptr;
+  return absl::OkStatus();
 }
 
 void LmsAllocator::NoteStepId(int64_t step_id) {
@@ -293,7 +353,9 @@ void LmsAllocator::UnpinMovable(void* handle) {
 }
 
 absl::Status LmsAllocator::MakeUnmovable(void* handle, void** data) {
-  return ToAbslStatus(engine_->MarkUnmovable(AsBuffer(handle), data));
+  return PageInWithRetry(handle, data, [&](void** d) {
+    return engine_->MarkUnmovable(AsBuffer(handle), d);
+  });
 }
 
 size_t LmsAllocator::MovableSize(const void* handle) const {

@@ -127,12 +127,18 @@ class LmsAllocator : public tsl::Allocator, public MovableAllocator {
   LmsAllocator(std::unique_ptr<tflms::Device> device,
                std::unique_ptr<tflms::Engine> engine, std::string name);
   bool AlignmentSupported(size_t alignment) const;
-  // What tsl::BFCAllocator does for allocations that allow retry: after the
-  // engine's reclaim ladder failed, wait up to kRetryTimeout for other
-  // threads to free or unpin memory, retrying after each.
+  // What tsl::BFCAllocator does: an allocation that allows retry waits,
+  // after the engine's reclaim ladder failed, up to kRetryTimeout for other
+  // threads to free or unpin memory, retrying after each; one that does not
+  // fails at once. Logs what ran out of memory ("allocate" or "page in"
+  // `num_bytes`), and an allocation that had to wait.
   template <typename T, typename Attempt>
   T* AllocateWithRetry(size_t num_bytes, const tsl::AllocationAttributes& attr,
-                       tflms::Status* status, Attempt attempt);
+                       const char* what, Attempt attempt);
+  // A pin or MakeUnmovable, which may page the buffer in: retried as an
+  // allocation that allows retry. `attempt(void** data)` returns its status.
+  template <typename Attempt>
+  absl::Status PageInWithRetry(void* handle, void** data, Attempt attempt);
   // Memory was freed or became movable: wake waiting allocations.
   void NotifyFreed();
 
@@ -147,6 +153,10 @@ class LmsAllocator : public tsl::Allocator, public MovableAllocator {
   std::atomic<int> waiters_{0};
   std::mutex retry_mu_;
   std::condition_variable retry_cv_;
+  // Lines logged so far, counted to cap them: allocations that succeeded
+  // after waiting, and optional ones that failed.
+  std::atomic<int> wait_logs_{0};
+  std::atomic<int> optional_failure_logs_{0};
 
   // The step id of the last kernel that noted one: kernels of one step run
   // on many threads, and only a change takes the engine's lock. Relaxed: a
