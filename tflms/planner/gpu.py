@@ -149,6 +149,32 @@ GPUS: dict[str, GpuModel] = {
 
 DEFAULT_GPU = "v100-16gb"
 
+# The limit TensorFlow gives its GPU allocator on each card with no memory options set:
+# N from its log line `Created device ... with N MB memory` (MiB), the newest found in
+# published logs. TensorFlow takes the memory free once the CUDA context exists, less a
+# reserve (MinSystemMemory in gpu_device.cc: 1050 MiB at compute capability 7, 1536 MiB
+# at 8, 1800 MiB at 9 and above), so N varies by tens of MiB with the driver and the
+# TensorFlow version. The GPUs above model the card's whole memory instead.
+TF_MEMORY_LIMIT_MIB: dict[str, int] = {
+    "v100-16gb": 14684,  # Tesla V100-SXM2-16GB, TensorFlow 2.6's log (none newer found)
+    "v100-32gb": 31134,  # Tesla V100-SXM2-32GB
+    "a100-40gb": 38482,  # NVIDIA A100-SXM4-40GB
+    "a100-80gb": 79261,  # NVIDIA A100-SXM4-80GB
+    "h100-80gb": 78763,  # NVIDIA H100 80GB HBM3
+    "gh200-96gb": 94915,  # NVIDIA GH200 120GB (96 GB of HBM3)
+}
+
+
+def tf_memory_limit(gpu: GpuModel) -> int:
+    """Bytes TensorFlow's allocator gets on this GPU by default (TF_MEMORY_LIMIT_MIB)."""
+    try:
+        return TF_MEMORY_LIMIT_MIB[gpu.name] * 1024 * 1024
+    except KeyError:
+        raise ValueError(
+            f"no TensorFlow memory limit is known for {gpu.name}; give --memory SIZE"
+        ) from None
+
+
 # Measured pinned host<->device copy rates, GB/s per direction.
 LINKS: dict[str, float] = {
     "pcie3": 12.0,
