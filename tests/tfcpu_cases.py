@@ -330,15 +330,14 @@ def custom_op(tf: Any) -> dict[str, Any]:
     return {"values": _hex([total, again])}
 
 
-def retry(tf: Any) -> dict[str, Any]:
-    # An allocation that does not fit while another thread is about to free
-    # memory waits for it, as TensorFlow's BFC allocator does (up to 10 s).
+def _waited_while_held(tf: Any, n: int, run: Callable[[], Any]) -> tuple[Any, float]:
+    """run()'s result and its seconds, while another thread holds an escaped tensor of n
+    floats (it cannot move) and drops it after 0.5 s."""
     import threading
     import time
 
     import numpy as np
 
-    n = 6 * 1024 * 1024 // 4
     held = [tf.fill([n], tf.constant(1.5))]
     held.append(np.asarray(held[0]))  # the address escaped: it cannot move
 
@@ -349,9 +348,20 @@ def retry(tf: Any) -> dict[str, Any]:
     thread = threading.Thread(target=release)
     thread.start()
     start = time.monotonic()
-    y = tf.fill([n], tf.constant(2.0))  # does not fit beside the held tensor
+    result = run()
     waited = time.monotonic() - start
     thread.join()
+    return result, waited
+
+
+def retry(tf: Any) -> dict[str, Any]:
+    # An allocation that does not fit while another thread is about to free
+    # memory waits for it, as TensorFlow's BFC allocator does (up to 10 s).
+    import numpy as np
+
+    n = 6 * 1024 * 1024 // 4
+    # y does not fit beside the held tensor.
+    y, waited = _waited_while_held(tf, n, lambda: tf.fill([n], tf.constant(2.0)))
     # Read on the host: y fills the device (BFC does not split a chunk for it).
     return {"values": _hex([np.asarray(y).astype(np.float64).sum()]), "waited": waited}
 
@@ -359,30 +369,14 @@ def retry(tf: Any) -> dict[str, Any]:
 def pin_retry(tf: Any) -> dict[str, Any]:
     # A kernel whose input was paged out, while another thread holds the memory its
     # page-in needs and is about to drop it: the pin waits, as an allocation does.
-    import threading
-    import time
-
-    import numpy as np
-
     import tflms.tfcpu as tc
 
     n = 6 * 1024 * 1024 // 4
     x = tf.fill([n], tf.constant(0.75))
     if tc.enabled():
         tc.reclaim_inactive()  # x is on the host now
-    held = [tf.fill([n], tf.constant(1.5))]
-    held.append(np.asarray(held[0]))  # the address escaped: it cannot move
-
-    def release() -> None:
-        time.sleep(0.5)
-        held.clear()
-
-    thread = threading.Thread(target=release)
-    thread.start()
-    start = time.monotonic()
-    total = tf.reduce_sum(x)  # pins x: its page-in does not fit beside the held tensor
-    waited = time.monotonic() - start
-    thread.join()
+    # Pins x: its page-in does not fit beside the held tensor.
+    total, waited = _waited_while_held(tf, n, lambda: tf.reduce_sum(x))
     return {"values": _hex([total]), "waited": waited}
 
 
