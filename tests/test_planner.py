@@ -501,8 +501,9 @@ def inception_trace(tmp_path_factory: pytest.TempPathFactory) -> Trace:
 
 
 def _inception_on_ac922_both_ways(trace: Trace, batch: int) -> tuple[ReplayResult, ReplayResult]:
-    """On demand and with prefetch at `batch` on the AC922: both run, prefetch faster."""
-    m = Machine.from_pairing(get_pairing("ac922-v100"))
+    """On demand and with prefetch at `batch` on the AC922 (the whole 16 GiB, where the cases
+    were found): both run, prefetch faster."""
+    m = Machine.from_pairing(get_pairing("ac922-v100")).with_card_memory()
     plan = build_plan(trace.rescaled(batch), m.gpu)
     on_demand = replay(plan, m.gpu, m.config(prefetch=False))
     prefetch = replay(plan, m.gpu, m.config(prefetch=True))
@@ -539,8 +540,9 @@ def test_prefetch_guard_times_prefetch_once_its_plan_has_settled(inception_trace
     # InceptionV3 at batch 356 on the DGX-1: prefetch's third step pages in 8 GB more than
     # the others (its plan still changing; 4.37 s against 3.31-3.36 s), and a guard that
     # timed it from the first learned step blamed prefetch and paged on demand from then on,
-    # 11% slower. The guard now lets the plan settle first and keeps prefetch.
-    m = Machine.from_pairing(get_pairing("dgx1-v100"))
+    # 11% slower. The guard now lets the plan settle first and keeps prefetch. (Found with
+    # the card's whole 16 GiB for TensorFlow.)
+    m = Machine.from_pairing(get_pairing("dgx1-v100")).with_card_memory()
     plan = build_plan(inception_trace.rescaled(356), m.gpu)
     on_demand = replay(plan, m.gpu, m.config(prefetch=False))
     prefetch = replay(plan, m.gpu, m.config(prefetch=True), steps=20)
@@ -562,8 +564,9 @@ def test_prefetch_runs_unet3d_where_paging_on_demand_does(
     # its inputs were pinned 8.6 GiB apart in the middle of the 40 GiB and the output found no
     # room from the third step on, while paging on demand runs every step. Now the input that
     # would leave the learned step's coming allocation no gap moves to a gap end first.
+    # (Found with the card's whole 40 GiB for TensorFlow.)
     trace = _fresh_trace(tmp_path_factory, "UNet3D", 1, 400)
-    m = Machine.from_pairing(get_pairing("dgx-a100-40gb"))
+    m = Machine.from_pairing(get_pairing("dgx-a100-40gb")).with_card_memory()
     plan = build_plan(trace, m.gpu)
     prefetch = replay(plan, m.gpu, m.config(prefetch=True))
     assert prefetch.steps >= 20

@@ -58,13 +58,22 @@ def test_flags_pick_a_real_machine_or_say_it_is_a_what_if() -> None:
     assert what_if.hypothetical and "pcie5" in what_if.what_if[0]
     assert machine_from_args(args(memory="24GiB")).hypothetical
     assert machine_from_args(args(machine="ac922-v100", tflops=30.0)).hypothetical
-    # TensorFlow's own limit on the card is not a what-if either: less than its memory.
+    # The allocator gets TensorFlow's own limit on the card by default (`tf` names it): less
+    # than the card's memory. The whole card is a what-if.
     for pairing in PAIRINGS.values():
+        default = machine_from_args(args(machine=pairing.name))
         tf_limit = machine_from_args(args(machine=pairing.name, memory="tf"))
-        whole = GPUS[pairing.gpu].memory_bytes
-        assert not tf_limit.hypothetical and 0.88 * whole < tf_limit.gpu.memory_bytes < whole
-    v100 = machine_from_args(args(machine="ac922-v100", memory="TF"))
+        card = machine_from_args(args(machine=pairing.name, memory="card"))
+        whole = GPUS[pairing.gpu].card_bytes
+        assert tf_limit.gpu == default.gpu and not tf_limit.hypothetical
+        assert 0.88 * whole < default.gpu.memory_bytes < whole
+        assert card.hypothetical and card.gpu.memory_bytes == whole
+        assert "of the card for TensorFlow" in card.what_if[0]
+    v100 = machine_from_args(args(machine="ac922-v100"))
     assert v100.gpu.memory_bytes == 14684 * MIB and v100.gpu.name == "v100-16gb"
+    assert v100.gpu.card_bytes == 16 * GIB
+    with pytest.raises(ValueError, match="cannot read the size"):
+        machine_from_args(args(machine="ac922-v100", memory="cards"))
     # The host limit is a real knob, not a what-if.
     tuned = machine_from_args(args(machine="gh200", host_limit="256GiB"))
     assert not tuned.hypothetical and tuned.host_memory == 256 * GIB

@@ -61,9 +61,9 @@ def add_parsers(sub: Any) -> None:
     gpu.add_argument("--gpu", help=_GPU_HELP)
     gpu.add_argument(
         "--memory",
-        help="what-if GPU memory, e.g. 24GiB (hypothetical), or `tf`: the limit TensorFlow "
-        "gives its allocator on this GPU by default, from its logs (default: the GPU's "
-        "whole memory)",
+        help="GPU memory for the allocator (default `tf`: the limit TensorFlow gives its "
+        "allocator on this GPU by default, from its logs); `card`: the card's whole memory, "
+        "or a size such as 24GiB (both hypothetical)",
     )
     gpu.add_argument(
         "--tflops", type=float, help="what-if effective compute rate in TFLOP/s (hypothetical)"
@@ -498,10 +498,11 @@ def machine_from_args(args: argparse.Namespace) -> Any:
             pairing = other
         elif link_name != pairing.link or link_gbps != pairing.link_gbps:
             what_if.append(f"{gpu.name} on {link_name} (no such machine)")
-    if args.memory and args.memory.strip().lower() == "tf":
-        # What TensorFlow itself leaves its allocator on this card: not a what-if.
-        gpu = gpu.with_memory(gpus.tf_memory_limit(gpu))
-    elif args.memory:
+    memory = (args.memory or "").strip().lower()
+    if memory == "card":
+        gpu, what = gpu.whole_card()
+        what_if.append(what)
+    elif memory and memory != "tf":  # "tf": TensorFlow's own limit, the default
         size = gpus.parse_size(args.memory)
         if size != gpu.memory_bytes:
             what_if.append(f"{gpus.format_bytes(size)} of GPU memory")

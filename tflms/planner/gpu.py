@@ -19,6 +19,7 @@ import dataclasses
 import re
 
 GIB = 1 << 30
+MIB = 1 << 20
 GB = 1e9
 
 # Achieved fraction of the 16-bit tensor-core peak on a mixed-precision step's ops: an
@@ -38,7 +39,7 @@ class GpuModel:
     """A modelled accelerator. Rates are the data-sheet peaks for fp32 training."""
 
     name: str
-    memory_bytes: int
+    memory_bytes: int  # what the allocator gets (TensorFlow's default limit: TF_MEMORY_LIMIT_MIB)
     peak_tflops: float  # fp32 (or TF32 where TensorFlow uses it for fp32 by default)
     mem_gbps: float  # device memory bandwidth, GB/s
     compute_efficiency: float  # achieved fraction of peak_tflops on large kernels
@@ -49,6 +50,8 @@ class GpuModel:
     # Dense 16-bit tensor-core peak (fp16 on V100, bfloat16 from A100 on): ops whose output is
     # 16-bit run at HALF_EFFICIENCY of it.
     half_peak_tflops: float = 0.0
+    # The card's whole memory; 0 where it is not a real card's.
+    card_bytes: int = 0
 
     @property
     def flops_per_s(self) -> float:
@@ -65,6 +68,13 @@ class GpuModel:
 
     def with_memory(self, memory_bytes: int) -> GpuModel:
         return dataclasses.replace(self, memory_bytes=memory_bytes)
+
+    def whole_card(self) -> tuple[GpuModel, str]:
+        """This GPU with the card's whole memory for the allocator, and that what-if in words."""
+        if not self.card_bytes:
+            raise ValueError(f"{self.name} is not a real card: give its memory as a size")
+        what = f"all {format_bytes(self.card_bytes)} of the card for TensorFlow"
+        return self.with_memory(self.card_bytes), what
 
     def with_tflops(self, effective_tflops: float) -> GpuModel:
         """The same GPU with an effective compute rate of `effective_tflops`."""
@@ -127,13 +137,37 @@ CALIBRATION: dict[str, Calibration] = {
     ),
 }
 
+# The limit TensorFlow gives its GPU allocator on each card with no memory options set:
+# N from its log line `Created device ... with N MB memory` (MiB), the newest found in
+# published logs. TensorFlow takes the memory free once the CUDA context exists, less a
+# reserve (MinSystemMemory in gpu_device.cc: 1050 MiB at compute capability 7, 1536 MiB
+# at 8, 1800 MiB at 9 and above), so N varies by tens of MiB with the driver and the
+# TensorFlow version. A card's whole memory is a what-if (`tflms simulate --memory card`).
+TF_MEMORY_LIMIT_MIB: dict[str, int] = {
+    "v100-16gb": 14684,  # Tesla V100-SXM2-16GB, TensorFlow 2.6's log (none newer found)
+    "v100-32gb": 31134,  # Tesla V100-SXM2-32GB
+    "a100-40gb": 38482,  # NVIDIA A100-SXM4-40GB
+    "a100-80gb": 79261,  # NVIDIA A100-SXM4-80GB
+    "h100-80gb": 78763,  # NVIDIA H100 80GB HBM3
+    "gh200-96gb": 94915,  # NVIDIA GH200 120GB (96 GB of HBM3)
+}
+
+
 # The calibration (`tflms results --calibrate`, on the Keras ResNet50 trace):
 # memory_efficiency is the usual achievable fraction of HBM bandwidth for
 # streaming kernels, and the V100's compute efficiency is assumed to be what
 # cuDNN reaches on fp32 convolutions (0.80). MEMORY_TRAFFIC is then fitted to
 # the V100 figure, and the A100's compute efficiency to the A100 figure.
+#
+# Each GPU's memory_bytes is what TensorFlow gives its allocator there (TF_MEMORY_LIMIT_MIB),
+# not the card's whole memory (card_bytes): LMS works within TensorFlow's default limit.
 GPUS: dict[str, GpuModel] = {
-    g.name: dataclasses.replace(g, half_peak_tflops=HALF_PEAK_TFLOPS[g.name.split("-")[0]])
+    g.name: dataclasses.replace(
+        g,
+        half_peak_tflops=HALF_PEAK_TFLOPS[g.name.split("-")[0]],
+        memory_bytes=TF_MEMORY_LIMIT_MIB[g.name] * MIB,
+        card_bytes=g.memory_bytes,
+    )
     for g in (
         GpuModel("v100-16gb", 16 * GIB, 15.7, 900.0, 0.80, 0.80, 5.0, "NVIDIA V100 SXM2 16 GB"),
         GpuModel("v100-32gb", 32 * GIB, 15.7, 900.0, 0.80, 0.80, 5.0, "NVIDIA V100 SXM2 32 GB"),
@@ -148,31 +182,6 @@ GPUS: dict[str, GpuModel] = {
 }
 
 DEFAULT_GPU = "v100-16gb"
-
-# The limit TensorFlow gives its GPU allocator on each card with no memory options set:
-# N from its log line `Created device ... with N MB memory` (MiB), the newest found in
-# published logs. TensorFlow takes the memory free once the CUDA context exists, less a
-# reserve (MinSystemMemory in gpu_device.cc: 1050 MiB at compute capability 7, 1536 MiB
-# at 8, 1800 MiB at 9 and above), so N varies by tens of MiB with the driver and the
-# TensorFlow version. The GPUs above model the card's whole memory instead.
-TF_MEMORY_LIMIT_MIB: dict[str, int] = {
-    "v100-16gb": 14684,  # Tesla V100-SXM2-16GB, TensorFlow 2.6's log (none newer found)
-    "v100-32gb": 31134,  # Tesla V100-SXM2-32GB
-    "a100-40gb": 38482,  # NVIDIA A100-SXM4-40GB
-    "a100-80gb": 79261,  # NVIDIA A100-SXM4-80GB
-    "h100-80gb": 78763,  # NVIDIA H100 80GB HBM3
-    "gh200-96gb": 94915,  # NVIDIA GH200 120GB (96 GB of HBM3)
-}
-
-
-def tf_memory_limit(gpu: GpuModel) -> int:
-    """Bytes TensorFlow's allocator gets on this GPU by default (TF_MEMORY_LIMIT_MIB)."""
-    try:
-        return TF_MEMORY_LIMIT_MIB[gpu.name] * 1024 * 1024
-    except KeyError:
-        raise ValueError(
-            f"no TensorFlow memory limit is known for {gpu.name}; give --memory SIZE"
-        ) from None
 
 
 # Measured pinned host<->device copy rates, GB/s per direction.

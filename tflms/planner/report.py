@@ -35,10 +35,18 @@ def secs(x: float | None) -> str:
     return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
 
 
+def gpu_memory_phrase(m: dict[str, Any]) -> str:
+    """The allocator's memory, and the card's where that is more (TensorFlow keeps some back)."""
+    memory, card = m["memory_bytes"], m.get("card_bytes", 0)
+    if card > memory:
+        return f"{format_bytes(memory)} of its {format_bytes(card)} for TensorFlow"
+    return format_bytes(memory)
+
+
 def machine_line(m: dict[str, Any]) -> str:
     where = m.get("pairing") or "a what-if machine"
     line = (
-        f"{where}: GPU {m['gpu']} ({format_bytes(m['memory_bytes'])}, "
+        f"{where}: GPU {m['gpu']} ({gpu_memory_phrase(m)}, "
         f"{m['effective_tflops']:.1f} TFLOP/s and {m['effective_mem_gbps']:.0f} GB/s effective); "
         f"host link {m['link']} ({m['link_gbps']:g} GB/s per direction); "
         f"{host_phrase(m)}"

@@ -93,6 +93,11 @@ class Machine:
     def hypothetical(self) -> bool:
         return self.pairing is None or bool(self.what_if)
 
+    def with_card_memory(self) -> Machine:
+        """The what-if where TensorFlow's allocator gets the card's whole memory."""
+        gpu, what = self.gpu.whole_card()
+        return dataclasses.replace(self, gpu=gpu, what_if=(*self.what_if, what))
+
     def config(
         self, *, lms: bool = True, prefetch: bool = False, defrag: bool = False
     ) -> EngineConfig:
@@ -137,6 +142,7 @@ class Machine:
         out: dict[str, Any] = {
             "gpu": g.name,
             "memory_bytes": g.memory_bytes,
+            "card_bytes": g.card_bytes,
             "effective_tflops": g.flops_per_s / 1e12,
             "effective_mem_gbps": g.bytes_per_s / 1e9,
             "launch_overhead_us": g.launch_overhead_us,
