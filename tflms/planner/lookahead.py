@@ -17,6 +17,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tflms.planner.report import pct
+
 if TYPE_CHECKING:
     from tflms.planner.replay import StepPlan
     from tflms.planner.simulate import Machine
@@ -167,7 +169,7 @@ def format_tuning(t: Tuning) -> str:
             continue
         m = s.mean()
         assert m is not None
-        vs = "-" if r.lookahead is None or od_mean is None else f"{100 * (m / od_mean - 1):+.1f}%"
+        vs = "-" if r.lookahead is None or od_mean is None else pct(m / od_mean - 1)
         fastest, slowest = s.spread() or (m, m)
         lines.append(f"| {name} | {m:.3f} s | {vs} | {fastest:.3f}-{slowest:.3f} s |")
     lines.append("")

@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from tflms.planner.lookahead import DEFAULT_LOOKAHEAD, beats_on_demand, rank
+from tflms.planner.report import pct
 from tflms.planner.steadiness import MARGIN, Point, Series
 
 LOOKAHEAD_MARKER = (
@@ -119,7 +120,7 @@ def _cell(s: Series) -> str:
 
 
 def _vs(a: float | None, b: float | None) -> str:
-    return "-" if a is None or b is None else f"{100 * (a / b - 1):+.1f}%"
+    return "-" if a is None or b is None else pct(a / b - 1)
 
 
 def markdown(swept: list[Swept]) -> str:

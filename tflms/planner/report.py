@@ -26,7 +26,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], markdown: bool 
 
 
 def pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:+.1f}%"
+    if x is None:
+        return "-"
+    # A change that rounds to nothing reads +0.0%, never -0.0%.
+    return f"{round(100 * x, 1) or 0.0:+.1f}%"
 
 
 def secs(x: float | None) -> str:

@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from tflms.planner.replay import PREFETCH_MIN_STEPS, PREFETCH_SETTLE_STEPS, TIMED_STEPS
+from tflms.planner.report import pct
 
 if TYPE_CHECKING:
     from tflms.planner.replay import StepPlan
@@ -278,7 +279,7 @@ def _off(table: float | None, s: Series) -> str:
     m = s.mean()
     if table is None or m is None or not s.fits:
         return "-"
-    return f"{100 * (table / m - 1):+.1f}%"
+    return pct(table / m - 1)
 
 
 def _has_drained(series: dict[str, Series]) -> bool:
