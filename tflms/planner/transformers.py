@@ -19,7 +19,7 @@ import dataclasses
 import time
 from typing import Any
 
-from tflms.planner.gpu import GB, format_bytes, get_gpu
+from tflms.planner.gpu import GB, format_bytes
 from tflms.planner.machines import get_pairing
 from tflms.planner.replay import build_plan, peak_live_bytes, replay_unlimited
 from tflms.planner.report import pct, secs, table
@@ -330,14 +330,17 @@ def transformers_markdown(res: dict[str, Any]) -> str:
     lines.append("")
     goal = res.get("goal") or []
     if goal:
-        v100 = get_gpu("v100-16gb")
+        # The memory of the machines the saved results were replayed on, not today's model.
+        m = next(iter(res["machines"].values()))
+        memory, card = m["memory_bytes"], m.get("card_bytes", 0)
+        has = f"{memory / GB:.1f} GB" + (
+            f" of the card's {card / GB:.1f} GB" if card > memory else ""
+        )
         lines += [
             "## The goal: GPT-2 1.5B, Adam, fp32 on a 16 GiB GPU",
             "",
             "Weights 6.2 GB, Adam's two slots 12.5 GB and the gradients 6.2 GB: about 25 GB "
-            "before the first activation, where TensorFlow's allocator has "
-            f"{v100.memory_bytes / GB:.1f} GB of the card's {v100.card_bytes / GB:.1f} GB "
-            "(16 GiB).",
+            f"before the first activation, where TensorFlow's allocator has {has} (16 GiB).",
             "",
             _goal_summary(goal),
             "",
