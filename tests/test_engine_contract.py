@@ -155,6 +155,26 @@ def test_buffer_of_another_engine_is_rejected() -> None:
     a.free(buf)
 
 
+def test_gather_for_concat_checks_its_buffers_and_leaves_a_quiet_device_alone() -> None:
+    a = tflms.Engine(device_memory=MiB, host_memory=MiB)
+    b = tflms.Engine(device_memory=MiB, host_memory=MiB)
+    x, y = a.allocate(256 * 1024), a.allocate(256 * 1024)
+    x.write(b"x" * 256 * 1024)
+    other = b.allocate(256)
+    with pytest.raises(ValueError, match="another engine"):
+        a.gather_for_concat([x, other])
+    # Nothing on the host: placement stays best fit's, and nothing moves.
+    a.gather_for_concat([x, y])
+    assert a.stats()["num_group_gathers"] == 0
+    a.free(y)
+    with pytest.raises(RuntimeError, match="freed"):
+        a.gather_for_concat([x, y])
+    assert x.read() == b"x" * 256 * 1024
+    a.free(x)
+    b.free(other)
+    a.check_invariants()
+
+
 def test_write_outside_buffer_is_rejected() -> None:
     eng = tflms.Engine(device_memory=MiB, host_memory=MiB)
     buf = eng.allocate(100)

@@ -16,6 +16,7 @@ import pytest
 from tflms.planner.gpu import GIB, get_gpu, parse_link, parse_size
 from tflms.planner.machines import get_pairing
 from tflms.planner.replay import (
+    CONCAT_OPS,
     EngineConfig,
     ReplayResult,
     build_plan,
@@ -572,6 +573,28 @@ def test_prefetch_runs_unet3d_where_paging_on_demand_does(
     assert prefetch.steps >= 20
     assert prefetch.fits, f"{prefetch.oom_op}: {prefetch.oom_message}"
     assert prefetch.step_stats["prefetch_hits"] > 10 * prefetch.step_stats["prefetch_misses"]
+
+
+@pytest.mark.tf
+def test_paging_on_demand_gathers_a_concats_inputs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # At 272^3 on a V100 (TensorFlow's 14.34 GiB) paging on demand ran out of memory in its
+    # third step at a concat: the 2.4 GiB skip connection came back from the host 1.2 GiB
+    # above the other 2.4 GiB input and the 4.8 GiB output found no gap with 9.5 GiB free.
+    # The patch names a concat's inputs to the engine before its pins (CONCAT_OPS), which
+    # places those on the host beside the resident ones.
+    trace = _fresh_trace(tmp_path_factory, "UNet3D", 1, 272)
+    m = Machine.from_pairing(get_pairing("dgx1-v100"))
+    plan = build_plan(trace, m.gpu)
+    assert sum(plan.concats) == sum(op.type in CONCAT_OPS for op in trace.ops) > 0
+    config = m.config(prefetch=False)
+    gathered = replay(plan, m.gpu, config, steps=12, timed=True)
+    assert gathered.fits, f"{gathered.oom_op}: {gathered.oom_message}"
+    assert gathered.stats["num_group_gathers"] >= 1
+    apart = replay(dataclasses.replace(plan, concats=[]), m.gpu, config, steps=12, timed=True)
+    assert not apart.fits and apart.oom_op.endswith("concat")
+    assert "fragmented by tensors in use" in apart.oom_message
 
 
 @pytest.mark.tf

@@ -49,6 +49,7 @@ DEVICE_MEMORY = {
     "host_full": "4544KiB",
     "list_stack": "1MiB",
     "array_gather": "1MiB",
+    "concat": "1MiB",
 }
 
 # Host memory for reclaimed bytes per case (TF_GPU_HOST_MEM_LIMIT_IN_MB's role): 1 GiB,
@@ -492,6 +493,29 @@ def array_gather(tf: Any) -> dict[str, Any]:
     return {"values": _hex(values)}
 
 
+def concat(tf: Any) -> dict[str, Any]:
+    # A concat's two inputs, the way UNet3D's skip connection meets its upsampled
+    # tensor: one on the host, the other resident in the middle of the device, and
+    # the only free hole the first fits right beside it (units of 64 KiB, a 16-unit
+    # device). Paged in there by its pin, the pair would sit in the middle and leave
+    # no gap for the 6-unit output with 10 units free.
+    import tflms.tfcpu as tc
+
+    unit = 16 * 1024  # float32 elements in 64 KiB
+    skip = tf.fill([3 * unit], 2.0)
+    if tc.enabled():  # stock TensorFlow has no host to page out to
+        tc.reclaim_inactive()
+    f0 = tf.fill([4 * unit], 0.5)
+    up = tf.fill([3 * unit], 1.0)
+    f1 = tf.fill([unit], 1.5)
+    f2 = tf.fill([3 * unit], 2.5)
+    f3 = tf.fill([5 * unit], 3.5)
+    del f2
+    joined = tf.concat([up, skip], axis=0)
+    values = [tf.reduce_sum(joined), joined[3 * unit + 5], tf.reduce_sum(f0 + f1[0] + f3[0])]
+    return {"values": _hex(values)}
+
+
 def memory_stats(tf: Any) -> dict[str, Any]:
     # tf.config.experimental.get_memory_info / reset_memory_stats reach the LMS
     # allocator's GetStats and ClearStats.
@@ -685,6 +709,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "host_full": host_full,
     "list_stack": list_stack,
     "array_gather": array_gather,
+    "concat": concat,
 }
 
 

@@ -7,7 +7,7 @@ here it runs over the ``sim`` backend, whose device memory is a host arena (or, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from tflms import _core
@@ -141,6 +141,11 @@ class Engine:
 
     def unpin(self, buf: Buffer) -> None:
         self._engine.unpin(buf)
+
+    def gather_for_concat(self, bufs: Sequence[Buffer]) -> None:
+        """Before a kernel pins ``bufs`` and allocates one output as large as all of them
+        (a concat, a stack): places them so that the output finds a gap (best effort)."""
+        self._engine.gather_for_concat(list(bufs))
 
     @contextmanager
     def pinned(self, buf: Buffer) -> Iterator[int]:

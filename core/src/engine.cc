@@ -588,7 +588,10 @@ Status Engine::Pin(Buffer* buffer, void** device_ptr) {
 }
 Status Engine::Unpin(Buffer* buffer) { return impl_->Unpin(buffer); }
 void Engine::GatherForPins(Buffer* const* buffers, size_t n) {
-  if (Ready(*impl_)) impl_->GatherForPins(buffers, n);
+  if (Ready(*impl_)) impl_->GatherForPins(buffers, n, Impl::GatherKind::kList);
+}
+void Engine::GatherForConcat(Buffer* const* buffers, size_t n) {
+  if (Ready(*impl_)) impl_->GatherForPins(buffers, n, Impl::GatherKind::kConcat);
 }
 Status Engine::MarkUnmovable(Buffer* buffer, void** device_ptr) {
   return impl_->MarkUnmovable(buffer, device_ptr);

@@ -282,8 +282,11 @@ class Engine::Impl {
   // ---- gather.cc ----
   // The buffers one kernel is about to pin together: if, pinned where they
   // are, they would leave no gap as large as all of them, they are paged out
-  // and back into one run. Best effort; takes mu_.
-  void GatherForPins(Buffer* const* buffers, size_t n);
+  // and back into one run. kConcat: the kernel then allocates an output as
+  // large as all of them, and the members on the host are placed first
+  // (gather.cc). Best effort; takes mu_.
+  enum class GatherKind { kList, kConcat };
+  void GatherForPins(Buffer* const* buffers, size_t n, GatherKind kind);
 
   // ---- padding.cc ----
   // While the engine follows a step's plan: gives back the padding of the
@@ -298,7 +301,10 @@ class Engine::Impl {
     const char* lo = nullptr;  // start of the range; nullptr: no plan
     std::vector<Buffer*> victims;  // reclaimable buffers overlapping it
   };
-  ClusterPlan PlanClusterPlacement(size_t rounded);
+  // `stay`: buffers that count as unable to leave although they may (a
+  // group about to be pinned); none if null.
+  ClusterPlan PlanClusterPlacement(
+      size_t rounded, const std::unordered_set<const Buffer*>* stay = nullptr);
   // True when LMS has bytes on the host (the device is under pressure) and a
   // request of `rounded` bytes is large enough for cluster placement.
   bool UnderPlacementPressure(size_t rounded) const;
@@ -368,6 +374,11 @@ class Engine::Impl {
   // yet if larger.
   template <typename MayLeave>
   size_t LargestGapBesideLocked(const Buffer* pinned, MayLeave may_leave) const;
+  // As LargestGapBesideLocked, with [lo, lo + size) counted as staying: the
+  // gap left once a range planned there is taken.
+  template <typename MayLeave>
+  size_t LargestGapOutsideLocked(const char* lo, size_t size,
+                                 MayLeave may_leave) const;
 
   // ---- defrag.cc ----
   // Makes a free chunk of `rounded` bytes by moving inactive buffers.
@@ -872,6 +883,15 @@ class Engine::Impl {
 template <typename MayLeave>
 size_t Engine::Impl::LargestGapBesideLocked(const Buffer* pinned,
                                             MayLeave may_leave) const {
+  return LargestGapOutsideLocked(nullptr, 0, [&](const BfcArena::Chunk& c) {
+    return (pinned == nullptr || c.owner != pinned) && may_leave(c);
+  });
+}
+
+template <typename MayLeave>
+size_t Engine::Impl::LargestGapOutsideLocked(const char* lo, size_t size,
+                                             MayLeave may_leave) const {
+  const char* hi = lo + size;
   // Memory the arena has not reserved yet is a gap of its own (a new
   // region).
   size_t largest = arena_->memory_limit() - arena_->bytes_reserved();
@@ -880,12 +900,18 @@ size_t Engine::Impl::LargestGapBesideLocked(const Buffer* pinned,
     for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
          h = arena_->chunk(h)->next) {
       const BfcArena::Chunk* c = arena_->chunk(h);
-      if ((pinned == nullptr || c->owner != pinned) && may_leave(*c)) {
-        gap += c->size;
-        largest = std::max(largest, gap);
-      } else {
+      const char* end = c->ptr + c->size;
+      if (!may_leave(*c)) {
         gap = 0;
+      } else if (size == 0 || end <= lo || c->ptr >= hi) {
+        gap += c->size;
+      } else {
+        // The range splits this chunk: the part below it ends a gap, the
+        // part above starts one.
+        if (c->ptr < lo) largest = std::max(largest, gap + (lo - c->ptr));
+        gap = end > hi ? static_cast<size_t>(end - hi) : 0;
       }
+      largest = std::max(largest, gap);
     }
   });
   return largest;

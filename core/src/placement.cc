@@ -50,12 +50,15 @@ bool Engine::Impl::UnderPlacementPressure(size_t rounded) const {
          rounded >= options_.memory_limit / kClusterDivisor;
 }
 
-Engine::Impl::ClusterPlan Engine::Impl::PlanClusterPlacement(size_t rounded) {
+Engine::Impl::ClusterPlan Engine::Impl::PlanClusterPlacement(
+    size_t rounded, const std::unordered_set<const Buffer*>* stay) {
   ClusterPlan plan;
   size_t best_gap = std::numeric_limits<size_t>::max();
   size_t best_cost = std::numeric_limits<size_t>::max();
   auto may_leave = [&](const BfcArena::Chunk& c) {
-    return !c.in_use() || Reclaimable(static_cast<const Buffer*>(c.owner));
+    if (!c.in_use()) return true;
+    const Buffer* o = static_cast<const Buffer*>(c.owner);
+    return Reclaimable(o) && (stay == nullptr || stay->count(o) == 0);
   };
   // Bytes of in-use chunks overlapping [lo, lo + rounded) within a gap
   // starting at chunk `first`.

@@ -236,6 +236,20 @@ class PyEngine {
     return reinterpret_cast<uintptr_t>(ptr);
   }
 
+  // A kernel about to pin `bufs` and allocate an output as large as all of
+  // them (Engine::GatherForConcat).
+  void GatherForConcat(const std::vector<PyBuffer*>& bufs) {
+    std::vector<Buffer*> group;
+    group.reserve(bufs.size());
+    for (PyBuffer* buf : bufs) {
+      if (buf == nullptr) throw py::value_error("buffers must not be None");
+      Own(*buf);
+      group.push_back(buf->Get("gather"));
+    }
+    py::gil_scoped_release release;
+    holder_->engine->GatherForConcat(group.data(), group.size());
+  }
+
   void Unpin(PyBuffer& buf) {
     Own(buf);
     Buffer* b = buf.Get("unpin");
@@ -370,6 +384,7 @@ PYBIND11_MODULE(_core, m) {
       .def("free", &PyEngine::Free)
       .def("pin", &PyEngine::Pin)
       .def("unpin", &PyEngine::Unpin)
+      .def("gather_for_concat", &PyEngine::GatherForConcat)
       .def("stats", &PyEngine::Stats)
       .def("clear_stats",
            [](PyEngine& e) {

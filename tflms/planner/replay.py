@@ -85,6 +85,9 @@ class StepPlan:
     slice_pins: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     # ... and per op, roots whose slices from one slicing op all died at that op
     slice_unpins: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    # per op, whether its output is as large as all its inputs (CONCAT_OPS): the patch
+    # gathers them before pinning them (Engine::GatherForConcat)
+    concats: list[bool] = dataclasses.field(default_factory=list)
 
     @property
     def compute_s(self) -> float:
@@ -118,6 +121,11 @@ NO_PIN_OPS = frozenset(
         "VarIsInitializedOp", "DestroyResourceOp", "VariableShape",
     }
 )  # fmt: skip
+
+# Kernels whose one output holds every byte of their inputs: the patch's pin site has the
+# engine place their inputs so that the output finds a gap before pinning them
+# (kConcatOps in tf/common/files/.../lms/kernel_pins.cc; keep in step).
+CONCAT_OPS = frozenset({"ConcatV2", "Concat", "Pack", "ParallelConcat"})
 
 # Kernels that return a dim-0 slice of an input as a view (Tensor::Slice) when the slice
 # starts on an aligned row: the output shares the input's buffer, and the patch pins that
@@ -288,6 +296,7 @@ def build_plan(trace: Trace, gpu: GpuModel, forwarding: bool = True) -> StepPlan
         sizes={t: b for t, b in sizes.items() if b > 0 and t not in view_of},
         slice_pins=[tuple(k) for k in pin_at],
         slice_unpins=[tuple(k) for k in unpin_at],
+        concats=[op.type in CONCAT_OPS for op in trace.ops],
     )
 
 
@@ -659,6 +668,8 @@ def _replay(
             for i, ins in enumerate(plan.inputs):
                 op_name = plan.names[i]
                 pinned = [bufs[t] for t in ins]
+                if len(pinned) > 1 and plan.concats and plan.concats[i]:
+                    eng.gather_for_concat(pinned)
                 for b in pinned:
                     eng.pin(b)
                 for tid in plan.slice_pins[i] if plan.slice_pins else ():

@@ -162,6 +162,13 @@ class Engine {
   // more than a kernel's ordinary inputs do.
   static constexpr size_t kMinGatherGroup = 16;
   void GatherForPins(Buffer* const* buffers, size_t n);
+  // The caller's kernel is about to pin these buffers and then allocate one
+  // output as large as all of them (ConcatV2, Pack). If, pinned where they
+  // are, with those still on the host paged in next to what cannot leave,
+  // they would leave no gap for that output, the engine pages them out and
+  // back into one run first; otherwise it only places the ones on the host.
+  // Any group of two or more; best effort, as GatherForPins.
+  void GatherForConcat(Buffer* const* buffers, size_t n);
 
   // Host access for callers outside kernels: pins for the duration.
   Status ReadBuffer(Buffer* buffer, size_t offset, void* dst, size_t bytes);

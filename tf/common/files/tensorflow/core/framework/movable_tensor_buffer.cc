@@ -151,8 +151,9 @@ MovableTensorBuffer* MovableTensorBuffer::FromBuffer(TensorBuffer* buffer) {
   return nullptr;
 }
 
-void MovableTensorBuffer::GatherForPins(
-    absl::Span<MovableTensorBuffer* const> group) {
+template <typename Gather>
+void MovableTensorBuffer::GatherHandles(
+    absl::Span<MovableTensorBuffer* const> group, Gather gather) {
   absl::InlinedVector<void*, 32> handles;
   MovableAllocator* movable = nullptr;
   for (MovableTensorBuffer* m : group) {
@@ -160,7 +161,21 @@ void MovableTensorBuffer::GatherForPins(
     if (movable == nullptr) movable = m->movable_;
     if (m->movable_ == movable) handles.push_back(m->handle_);
   }
-  if (movable != nullptr) movable->GatherMovable(handles.data(), handles.size());
+  if (movable != nullptr) gather(movable, handles.data(), handles.size());
+}
+
+void MovableTensorBuffer::GatherForPins(
+    absl::Span<MovableTensorBuffer* const> group) {
+  GatherHandles(group, [](MovableAllocator* a, void* const* h, size_t n) {
+    a->GatherMovable(h, n);
+  });
+}
+
+void MovableTensorBuffer::GatherForConcat(
+    absl::Span<MovableTensorBuffer* const> group) {
+  GatherHandles(group, [](MovableAllocator* a, void* const* h, size_t n) {
+    a->GatherMovableForConcat(h, n);
+  });
 }
 
 MovableTensorBuffer::MovableTensorBuffer(Allocator* allocator,

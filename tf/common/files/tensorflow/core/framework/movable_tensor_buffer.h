@@ -97,6 +97,10 @@ class MovableAllocator {
   // list or array it reads): an allocator that places buffers may bring
   // them together first, so that its output finds a gap. Best effort.
   virtual void GatherMovable(void* const* /*handles*/, size_t /*n*/) {}
+  // As GatherMovable, for a kernel that then allocates one output as large
+  // as all of them (a concat, a stack): any group of two or more.
+  virtual void GatherMovableForConcat(void* const* /*handles*/, size_t /*n*/) {
+  }
 
  protected:
   // Owned as an Allocator, never through this interface.
@@ -155,6 +159,9 @@ class MovableTensorBuffer final : public TensorBuffer {
   // pinned together (MovableAllocator::GatherMovable). Buffers of another
   // allocator than the first one's are left out.
   static void GatherForPins(absl::Span<MovableTensorBuffer* const> group);
+  // The same, for a kernel whose output holds every byte of `group`
+  // (MovableAllocator::GatherMovableForConcat).
+  static void GatherForConcat(absl::Span<MovableTensorBuffer* const> group);
 
   // Makes the buffer resident and keeps it at data() until Unpin().
   absl::Status Pin();
@@ -192,6 +199,11 @@ class MovableTensorBuffer final : public TensorBuffer {
                       void* handle, void* data, size_t num_bytes,
                       uintptr_t creator);
   ~MovableTensorBuffer() override;
+  // Calls gather(allocator, handles, n) with the handles of `group`'s
+  // buffers that belong to the first one's allocator.
+  template <typename Gather>
+  static void GatherHandles(absl::Span<MovableTensorBuffer* const> group,
+                            Gather gather);
 
   Allocator* const allocator_;
   MovableAllocator* const movable_;

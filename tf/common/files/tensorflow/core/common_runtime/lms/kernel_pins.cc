@@ -84,6 +84,21 @@ void GatherForPins(absl::Span<const Tensor> elements) {
   if (group.size() > 1) MovableTensorBuffer::GatherForPins(group);
 }
 
+// The kernel's output will hold all of its inputs: the allocator may place
+// them first so that the output finds a gap (the engine's gather.cc). A
+// concat's two inputs pinned apart in the middle of the device left its
+// output no room with twice its size free. The executor keeps the inputs
+// alive until the kernel is done.
+void GatherKernelInputs(OpKernelContext* context) {
+  absl::InlinedVector<MovableTensorBuffer*, 8> group;
+  for (int i = 0; i < context->num_inputs(); ++i) {
+    if (!context->has_input(i) || context->input_is_ref(i)) continue;
+    MovableTensorBuffer* m = MovableTensorBufferUtil::Get(context->input(i));
+    if (m != nullptr) group.push_back(m);
+  }
+  if (group.size() > 1) MovableTensorBuffer::GatherForConcat(group);
+}
+
 // depth 0: a kernel input, which the executor keeps alive; deeper: reached
 // through a list, an array or a variable, so held. List elements are held
 // as well as pinned: a list kernel may replace them while it runs.
@@ -321,6 +336,14 @@ bool KernelReadsNoListElements(absl::string_view op_type) {
   return kOps->contains(op_type);
 }
 
+bool KernelOutputHoldsAllInputs(absl::string_view op_type) {
+  // The planner's replay gathers the same kernels (CONCAT_OPS in
+  // tflms/planner/replay.py; keep in step).
+  static const auto* const kOps = new absl::flat_hash_set<absl::string_view>(
+      {"ConcatV2", "Concat", "Pack", "ParallelConcat"});
+  return kOps->contains(op_type);
+}
+
 absl::Status PinKernelInputs(OpKernelContext* context, ScopedTensorPins* pins) {
   const absl::string_view op_type = context->op_kernel().type_string_view();
   if (!warned_about_xla.load(std::memory_order_relaxed) &&
@@ -337,6 +360,7 @@ absl::Status PinKernelInputs(OpKernelContext* context, ScopedTensorPins* pins) {
     return pins->Pin(context->input(only));
   }
   const bool elements = !KernelReadsNoListElements(op_type);
+  if (KernelOutputHoldsAllInputs(op_type)) GatherKernelInputs(context);
   for (int i = 0; i < context->num_inputs(); ++i) {
     if (!context->has_input(i)) continue;
     // A reference input (TF1 variables) is read under its mutex; the copy

@@ -46,7 +46,9 @@ limitations under the License.
 // Shape, control-flow forwarding, function calls whose bodies pin what they
 // read), pin nothing, so they never page a buffer in. List kernels that only
 // move element tensors around (TensorListSetItem, GetItem, PushBack, ...) pin
-// the list's plain inputs but not its elements.
+// the list's plain inputs but not its elements. A kernel whose output holds
+// all of its inputs (ConcatV2, Pack) names them to the allocator before the
+// pins, as a list's elements are named, so that they are placed together.
 //
 // The first XLA cluster launched with LMS on logs a warning: XLA's buffers are
 // raw allocations that never move, so LMS cannot help inside a cluster.
@@ -75,6 +77,9 @@ bool KernelReadsNoInputBytes(absl::string_view op_type);
 int OnlyInputReadByKernel(absl::string_view op_type);
 // True for TensorList kernels that do not read the bytes of list elements.
 bool KernelReadsNoListElements(absl::string_view op_type);
+// True for kernels whose one output holds every byte of their inputs
+// (ConcatV2, Pack): their inputs are gathered before they are pinned.
+bool KernelOutputHoldsAllInputs(absl::string_view op_type);
 
 // Pins, into `pins`, every buffer `context`'s kernel may access (see above).
 // On error the pins taken so far stay in `pins`; the caller releases them.

@@ -343,6 +343,13 @@ void LmsAllocator::GatherMovable(void* const* handles, size_t n) {
   engine_->GatherForPins(buffers.data(), n);
 }
 
+void LmsAllocator::GatherMovableForConcat(void* const* handles, size_t n) {
+  if (n < 2) return;
+  std::vector<tflms::Buffer*> buffers(n);
+  for (size_t i = 0; i < n; ++i) buffers[i] = AsBuffer(handles[i]);
+  engine_->GatherForConcat(buffers.data(), n);
+}
+
 void LmsAllocator::UnpinMovable(void* handle) {
   tflms::Status s = engine_->Unpin(AsBuffer(handle));
   if (!s.ok()) {

@@ -110,6 +110,7 @@ class LmsAllocator : public tsl::Allocator, public MovableAllocator {
   size_t MovableSize(const void* handle) const override;
   void NoteStepId(int64_t step_id) override;
   void GatherMovable(void* const* handles, size_t n) override;
+  void GatherMovableForConcat(void* const* handles, size_t n) override;
 
   // Every engine counter (statistics for tf.experimental.get_lms_*).
   tflms::EngineStats GetLmsStats() const;
