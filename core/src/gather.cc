@@ -33,9 +33,9 @@
 // GiB free. For such a group the members on the host are placed first, as
 // the run would be (the resident members staying), and the gap left for the
 // output is judged with them there: only if it is too small do the resident
-// members leave too. Under pressure only; while a learned step is followed
-// (prefetch pages the members in ahead), only when the output would find no
-// gap.
+// members leave too. Under pressure only, and not while a learned step is
+// followed (prefetch pages the members in then, and due_group.cc places
+// them knowing the output).
 //
 // Invariants: best effort, never an error for the kernel: a member that finds
 // no place in the run stays on the host and its pin pages it in as any other
@@ -66,14 +66,18 @@ void Engine::Impl::GatherForPins(Buffer* const* buffers, size_t n,
   std::unique_lock<std::mutex> lock(mu_);
   if (!options_.lms_enabled || fixed_) return;
   // With nothing on the host the device is not under pressure: best fit
-  // places the output as TensorFlow's BFC would.
-  if (concat && counters_.current_bytes_reclaimed == 0) return;
-  // While a learned step is followed, prefetch pages the members on the
-  // host in ahead of their pins: they are placed here only when the output
-  // would find no gap otherwise. Placing them at every concat took
-  // DenseNet201 at batch 296 on the DGX-1 from 7.68 s to 8.99 s a step with
-  // prefetch (65 gathers a step).
-  const bool following = concat && FollowingPlan();
+  // places the output as TensorFlow's BFC would. While a learned step is
+  // followed, prefetch pages the members in ahead of their pins and the due
+  // group's placement knows the output (due_group.cc). Gathering then as
+  // well cost DenseNet201 at batch 296 on the DGX-1 7.68 -> 8.99 s a step
+  // (65 gathers a step); gathering only where the output would find no gap
+  // ran UNet3D at 304^3 on the DGX-1 with prefetch, but ran its 384^3 on the
+  // A100-40 out of memory in step 17 (the run's second member came back
+  // apart), which paging by the plan alone runs.
+  if (concat &&
+      (counters_.current_bytes_reclaimed == 0 || FollowingPlan())) {
+    return;
+  }
   std::vector<Buffer*> group;
   std::unordered_set<const Buffer*> members;
   size_t total = 0;
@@ -89,17 +93,10 @@ void Engine::Impl::GatherForPins(Buffer* const* buffers, size_t n,
       total < options_.memory_limit / kGroupDivisor) {
     return;
   }
-  // A concat counts the learned step's early page-outs still in flight as
-  // leaving: their chunks are free once the copies are settled, which a
-  // gather does first. Counted as walls, they made the check fail at most of
-  // DenseNet201's concats with prefetch (38 gathers in 6 steps at batch 296,
-  // 2.4% slower), and the run came back beside them, 1.9 GiB from the end,
-  // leaving UNet3D's 6.7 GiB concat output at 304^3 on a V100 no gap.
   auto may_leave = [&](const BfcArena::Chunk& c) {
     if (!c.in_use()) return true;
     const Buffer* o = static_cast<const Buffer*>(c.owner);
-    if (members.count(o) != 0) return false;
-    return Reclaimable(o) || (concat && o != nullptr && o->early_out);
+    return members.count(o) == 0 && Reclaimable(o);
   };
   auto on_host = [&] {
     std::vector<Buffer*> back;
@@ -135,9 +132,6 @@ void Engine::Impl::GatherForPins(Buffer* const* buffers, size_t n,
     leave = LargestGapBesideLocked(nullptr, may_leave) < total;
   }
   bool gathered = false;
-  if (leave && concat && !early_outs_.empty()) {
-    SettleEarlyPageOutsLocked(lock, early_outs_.size());
-  }
   if (leave) {
     std::vector<Buffer*> leaving;
     for (Buffer* b : group) {
@@ -158,9 +152,8 @@ void Engine::Impl::GatherForPins(Buffer* const* buffers, size_t n,
   std::vector<Buffer*> back = on_host();
   const size_t run = run_of(back);
   const bool bring_back =
-      following ? gathered && !back.empty()
-                : back.size() >= (concat ? 1u : 2u) &&
-                      (gathered || run >= options_.memory_limit / kGroupDivisor);
+      back.size() >= (concat ? 1u : 2u) &&
+      (gathered || run >= options_.memory_limit / kGroupDivisor);
   if (gathered || bring_back) ++counters_.num_group_gathers;
   if (!bring_back) return;
   ClusterPlan plan = PlanClusterPlacement(run, concat ? &members : nullptr);
