@@ -8,6 +8,8 @@ split by the kernel's own inputs, while paging on demand fit. InceptionV3 also n
 AddN's two inputs on the host paged in together where they fit: one pin at a time they
 left the third no gap. The real engine replays the planner's real traces here, on the
 card's whole 16 GiB where these points were found (TensorFlow's default limit is less).
+The 3D U-Net's concat, whose inputs had to slide together, is replayed at TensorFlow's
+own limit, where it was found.
 """
 
 from __future__ import annotations
@@ -34,5 +36,20 @@ def test_prefetch_fits_where_its_inputs_would_have_split_the_memory(
     assert result.steps == 20
     # The placement is what made room, and the bytes it moved or brought back are
     # counted as the engine's own statistics say.
+    assert result.stats["num_due_group_placements"] > 0
+    assert result.stats["bytes_due_group_placed"] > 0
+
+
+@pytest.mark.tf
+def test_prefetch_slides_a_concats_inputs_together_for_its_output() -> None:
+    # UNet3D at 304^3 on a V100 (TensorFlow's 14.34 GiB), where paging on demand runs: with
+    # prefetch its up0 concat ran out of memory in step 7 with its two 3.35 GiB inputs side
+    # by side 0.75 GiB above the lowest usable address and the 6.70 GiB output 16 MiB short
+    # of a gap. No window clears by moving whole members elsewhere there, so the members
+    # slide down against each other and the output goes above them (PackDueGroupLocked).
+    machine = Machine.from_pairing(get_pairing("dgx1-v100"))
+    plan = build_plan(get_trace("UNet3D", 1, 304), machine.gpu)
+    result = replay(plan, machine.gpu, machine.config(prefetch=True), steps=12, timed=True)
+    assert result.fits, f"{result.oom_op}: {result.oom_message}"
     assert result.stats["num_due_group_placements"] > 0
     assert result.stats["bytes_due_group_placed"] > 0

@@ -60,9 +60,6 @@ constexpr int kMaxWindowsTried = 16;
 constexpr size_t kMaxMovesPerPass = 256;
 // Compaction passes per Defragment() call.
 constexpr int kMaxCompactionPasses = 8;
-// A slide copies in pieces as long as the distance it moves: a buffer
-// moved less than 1/kMaxSlidePieces of its size stays where it is.
-constexpr size_t kMaxSlidePieces = 64;
 // Buffers slid per SlideFor call.
 constexpr int kMaxSlides = 256;
 

@@ -354,10 +354,19 @@ class Engine::Impl {
       std::unique_lock<std::mutex>& lock,
       const std::vector<std::pair<Buffer*, const char*>>& moves);
   // When no window clears with whole moves: slides inactive buffers down
-  // (SlideFor) until a free chunk of `need` bytes exists, and brings the
-  // members on the host back into it. True if anything moved.
+  // (SlideFor) until a free chunk of `need` bytes exists, or else packs the
+  // resident `members` together (PackDueGroupLocked), and brings the
+  // members on the host back into the free chunk. True if anything moved.
   bool SlideDueGroupLocked(std::unique_lock<std::mutex>& lock,
+                           const std::vector<Buffer*>& members,
                            const std::vector<Buffer*>& on_host, size_t need);
+  // Slides the resident, unpinned `members` down against each other, and
+  // pages out whatever else lies where they and `need` bytes above them
+  // go, so that a free chunk of `need` bytes follows them. *moved: bytes
+  // slid. False if nothing moved.
+  bool PackDueGroupLocked(std::unique_lock<std::mutex>& lock,
+                          const std::vector<Buffer*>& members, size_t need,
+                          size_t* moved);
   // The runs of adjacent chunks that may_leave accepts, as [lo, hi).
   template <typename MayLeave>
   std::vector<std::pair<const char*, const char*>> LeavableRunsLocked(
@@ -390,6 +399,9 @@ class Engine::Impl {
   // is full. Never in fixed-address mode (AllocateChunkFixed).
   Status SlideFor(std::unique_lock<std::mutex>& lock, size_t rounded,
                   size_t* moved);
+  // A slide copies in pieces as long as the distance it moves: a buffer
+  // moved less than 1/kMaxSlidePieces of its size stays where it is.
+  static constexpr size_t kMaxSlidePieces = 64;
   // Moves `b` down into the free chunk `below` that ends where it starts.
   Status SlideDownLocked(std::unique_lock<std::mutex>& lock, Buffer* b,
                          BfcArena::ChunkHandle below);

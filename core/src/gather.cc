@@ -45,7 +45,9 @@
 // in fixed-address mode (no physical fragmentation) or for small groups,
 // nothing here runs.
 #include <algorithm>
+#include <optional>
 #include <unordered_set>
+#include <utility>
 
 #include "engine_impl.h"
 
@@ -112,24 +114,23 @@ void Engine::Impl::GatherForPins(Buffer* const* buffers, size_t n,
     for (const Buffer* b : back) run += BfcArena::RoundedBytes(b->size);
     return run;
   };
+  // The output needs a gap as large as the whole group once every member
+  // is pinned. A concat's members on the host come back next to what cannot
+  // leave (the resident members among it), and the gap is judged with them
+  // there: a concat's two 2.4 GiB inputs, one paged in by best fit 1.2 GiB
+  // above the other, left UNet3D at 272^3 on a V100 no gap for its 4.8 GiB
+  // output with 9.5 GiB free. That plan stands if nothing leaves (mu_ is
+  // held until it is used).
+  std::optional<ClusterPlan> concat_plan;
+  const size_t host_run = concat ? run_of(on_host()) : 0;
   bool leave = false;
-  if (concat) {
-    // The output needs a gap as large as the whole group once every member
-    // is pinned, those on the host included: they come back next to what
-    // cannot leave (the resident members among it), and the gap is judged
-    // with them there. A concat's two 2.4 GiB inputs, one paged in by best
-    // fit 1.2 GiB above the other, left UNet3D at 272^3 on a V100 no gap for
-    // its 4.8 GiB output with 9.5 GiB free.
-    const size_t run = run_of(on_host());
-    if (run == 0) {
-      leave = LargestGapBesideLocked(nullptr, may_leave) < total;
-    } else {
-      ClusterPlan plan = PlanClusterPlacement(run, &members);
-      leave = plan.lo == nullptr ||
-              LargestGapOutsideLocked(plan.lo, run, may_leave) < total;
-    }
-  } else {
+  if (host_run == 0) {
     leave = LargestGapBesideLocked(nullptr, may_leave) < total;
+  } else {
+    concat_plan = PlanClusterPlacement(host_run, &members);
+    leave = concat_plan->lo == nullptr ||
+            LargestGapOutsideLocked(concat_plan->lo, host_run, may_leave) <
+                total;
   }
   bool gathered = false;
   if (leave) {
@@ -156,7 +157,10 @@ void Engine::Impl::GatherForPins(Buffer* const* buffers, size_t n,
       (gathered || run >= options_.memory_limit / kGroupDivisor);
   if (gathered || bring_back) ++counters_.num_group_gathers;
   if (!bring_back) return;
-  ClusterPlan plan = PlanClusterPlacement(run, concat ? &members : nullptr);
+  ClusterPlan plan = concat_plan && !gathered
+                         ? *std::move(concat_plan)
+                         : PlanClusterPlacement(run, concat ? &members
+                                                            : nullptr);
   if (plan.lo == nullptr) return;
   if (!plan.victims.empty()) {
     size_t reclaimed = 0;

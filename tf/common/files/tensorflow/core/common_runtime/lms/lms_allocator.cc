@@ -58,6 +58,12 @@ const tflms::Buffer* AsBuffer(const void* handle) {
   return static_cast<const tflms::Buffer*>(handle);
 }
 
+std::vector<tflms::Buffer*> AsBuffers(void* const* handles, size_t n) {
+  std::vector<tflms::Buffer*> buffers(n);
+  for (size_t i = 0; i < n; ++i) buffers[i] = AsBuffer(handles[i]);
+  return buffers;
+}
+
 }  // namespace
 
 absl::Status VerifyPinsFromEnv(bool* verify_pins) {
@@ -338,16 +344,12 @@ void LmsAllocator::NoteStepId(int64_t step_id) {
 void LmsAllocator::GatherMovable(void* const* handles, size_t n) {
   // Most kernels that read a list read a few elements: those cost no lock.
   if (n < tflms::Engine::kMinGatherGroup) return;
-  std::vector<tflms::Buffer*> buffers(n);
-  for (size_t i = 0; i < n; ++i) buffers[i] = AsBuffer(handles[i]);
-  engine_->GatherForPins(buffers.data(), n);
+  engine_->GatherForPins(AsBuffers(handles, n).data(), n);
 }
 
 void LmsAllocator::GatherMovableForConcat(void* const* handles, size_t n) {
-  if (n < 2) return;
-  std::vector<tflms::Buffer*> buffers(n);
-  for (size_t i = 0; i < n; ++i) buffers[i] = AsBuffer(handles[i]);
-  engine_->GatherForConcat(buffers.data(), n);
+  // The engine returns before its lock for a group of one.
+  engine_->GatherForConcat(AsBuffers(handles, n).data(), n);
 }
 
 void LmsAllocator::UnpinMovable(void* handle) {
