@@ -16,7 +16,7 @@ from tflms.planner.machines import PAIRINGS, get_pairing, real_pairing
 from tflms.planner.replay import build_plan, peak_live_bytes
 from tflms.planner.report import format_max_batch
 from tflms.planner.simulate import Machine, max_batch
-from tflms.planner.study import max_batch_per_machine
+from tflms.planner.study import max_batch_per_machine, merge_results
 from tflms.trace.format import Trace, save_trace
 
 # ------------------------------------------------------------------ pairings
@@ -232,3 +232,24 @@ def test_the_brats_style_unet_takes_four_channels_and_halves_four_times() -> Non
     assert input_shape("UNet3D", 64) == (64, 64, 64, 1) and input_shape("ResNet50", 224)[-1] == 3
     with pytest.raises(ValueError, match="multiple of 16"):
         check_input_size("UNet3DBraTS", 72)
+
+
+def test_merged_results_take_the_time_of_a_whole_run() -> None:
+    # Results regenerated in parts (`tflms results --models ...`) once added both runs'
+    # times, counting each replaced study twice: docs/results.md said 110 minutes where a
+    # whole run took about 65. The page states a whole run's time by each part's latest.
+    def study(model: str, wall_s: float) -> dict[str, object]:
+        return {"model": model, "machine": {"pairing": "dgx1-v100"}, "wall_s": wall_s}
+
+    old = {
+        "studies": [study("ResNet50", 100.0), study("UNet3D", 20.0)],
+        "paper": {"rows": [], "wall_s": 5.0},
+        "wall_s": 126.0,
+    }
+    merged = merge_results(old, {"studies": [study("UNet3D", 30.0)], "wall_s": 31.0})
+    assert [(s["model"], s["wall_s"]) for s in merged["studies"]] == [
+        ("ResNet50", 100.0),
+        ("UNet3D", 30.0),
+    ]
+    assert merged["paper"] == old["paper"]
+    assert merged["wall_s"] == 100.0 + 30.0 + 5.0

@@ -494,7 +494,7 @@ def results_markdown(res: dict[str, Any]) -> str:
         "with its simulated device on a modelled GPU, replaying a real training step (forward,",
         "loss, gradients, optimizer) traced from the Keras model with TensorFlow 2.21.0 on the",
         "CPU. Regenerate with `make results` (`tflms results --force`);",
-        f"it took {res['wall_s'] / 60:.0f} minutes on 2 cores.",
+        f"a whole run takes about {res['wall_s'] / 60:.0f} minutes on 2 cores.",
         "",
         "The replay does what the patch does: a kernel's inputs (and the variables it reaches)",
         "are pinned for the kernel's duration, its outputs are created pinned and that creation",

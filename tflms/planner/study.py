@@ -209,8 +209,19 @@ def study_key(s: dict[str, Any]) -> tuple[str, str]:
     return s["model"], s["machine"].get("pairing") or s["machine"]["gpu"]
 
 
+def parts_wall_s(results: dict[str, Any]) -> float:
+    """A whole run's replay time by the latest run of each part: every study, and the
+    TFLMS papers' rows where their time was kept."""
+    studies = sum(float(s.get("wall_s", 0.0)) for s in results.get("studies", []))
+    return studies + float((results.get("paper") or {}).get("wall_s", 0.0))
+
+
 def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """`old` with the studies of `new` replacing those of the same model and machine."""
+    """`old` with the studies of `new` replacing those of the same model and machine.
+
+    Its time is that of a whole run by the latest run of each part (parts_wall_s): adding
+    the two runs' times would count the replaced studies twice.
+    """
     fresh = {study_key(s) for s in new["studies"]}
     kept = [s for s in old.get("studies", []) if study_key(s) not in fresh]
     machine_order = {p: i for i, g in enumerate(RESULT_MACHINES) for p in g.pairings}
@@ -220,9 +231,10 @@ def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         return machine_order.get(study_key(s)[1], 99), model_order.get(s["model"], 99)
 
     studies = sorted(kept + new["studies"], key=key)
-    merged = {**new, "studies": studies, "wall_s": old.get("wall_s", 0.0) + new["wall_s"]}
+    merged = {**new, "studies": studies}
     if "paper" not in new and "paper" in old:
         merged["paper"] = old["paper"]
+    merged["wall_s"] = parts_wall_s(merged)
     return merged
 
 
@@ -268,7 +280,8 @@ def run_results(
         out["paper"] = run_paper_comparison(
             get_trace, steps=steps, progress=progress, studies=out["studies"]
         )
-        log(f"the TFLMS papers' rows: {time.monotonic() - t0:.0f} s")
+        out["paper"]["wall_s"] = time.monotonic() - t0
+        log(f"the TFLMS papers' rows: {out['paper']['wall_s']:.0f} s")
     out["wall_s"] = time.monotonic() - start
     return out
 
