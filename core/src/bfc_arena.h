@@ -139,6 +139,19 @@ class BfcArena {
   void ForEachRegion(F f) const {
     for (const Region& r : regions_) f(r.handles[0]);
   }
+  // Calls f(const Chunk&) for every in-use chunk that overlaps [lo, hi),
+  // in address order.
+  template <typename F>
+  void ForEachInUseIn(const char* lo, const char* hi, F f) const {
+    for (const Region& r : regions_) {
+      for (ChunkHandle h = r.handles[0]; h != kInvalidChunk;
+           h = chunks_[h].next) {
+        const Chunk& c = chunks_[h];
+        if (c.ptr >= hi) break;
+        if (c.ptr + c.size > lo && c.in_use()) f(c);
+      }
+    }
+  }
 
   size_t memory_limit() const { return options_.memory_limit; }
   size_t bytes_in_use() const { return bytes_in_use_; }

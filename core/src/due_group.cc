@@ -362,39 +362,15 @@ bool Engine::Impl::MoveDueGroupLocked(
     }
     // Whatever else lies in the destination leaves; early page-outs in
     // flight there are waited for.
-    std::vector<Buffer*> occupants;
-    bool blocked = false;
-    bool in_flight = false;
-    auto scan = [&] {
-      occupants.clear();
-      blocked = in_flight = false;
-      arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
-        for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
-             h = arena_->chunk(h)->next) {
-          const BfcArena::Chunk* c = arena_->chunk(h);
-          if (c->ptr >= dest + rounded) break;
-          if (c->ptr + c->size <= dest || !c->in_use() || c->owner == m) {
-            continue;
-          }
-          Buffer* o = static_cast<Buffer*>(c->owner);
-          if (Reclaimable(o)) {
-            occupants.push_back(o);
-          } else {
-            blocked = true;
-            in_flight = in_flight || (o != nullptr && o->early_out);
-          }
-        }
-      });
-    };
-    scan();
-    if (blocked && in_flight) {
+    Occupants in_dest = OccupantsLocked(dest, dest + rounded, {m});
+    if (in_dest.blocked && in_dest.in_flight) {
       SettleEarlyPageOutsLocked(lock, early_outs_.size());
-      scan();
+      in_dest = OccupantsLocked(dest, dest + rounded, {m});
     }
-    if (blocked) continue;
-    if (!occupants.empty()) {
+    if (in_dest.blocked) continue;
+    if (!in_dest.leaving.empty()) {
       size_t out = 0;
-      if (!PageOut(lock, occupants, &out).ok() || out == 0) continue;
+      if (!PageOut(lock, in_dest.leaving, &out).ok() || out == 0) continue;
     }
     // Another thread may have pinned, freed or paged it meanwhile.
     if (m->free_requested || m->pin_count > 0) continue;
@@ -420,6 +396,23 @@ bool Engine::Impl::MoveDueGroupLocked(
   }
   if (placed_any) ++counters_.num_due_group_placements;
   return placed_any;
+}
+
+Engine::Impl::Occupants Engine::Impl::OccupantsLocked(
+    const char* lo, const char* hi, const std::vector<Buffer*>& staying) const {
+  Occupants found;
+  arena_->ForEachInUseIn(lo, hi, [&](const BfcArena::Chunk& c) {
+    Buffer* o = static_cast<Buffer*>(c.owner);
+    if (std::find(staying.begin(), staying.end(), o) != staying.end()) return;
+    found.bytes += c.size;
+    if (Reclaimable(o)) {
+      found.leaving.push_back(o);
+    } else {
+      found.blocked = true;
+      found.in_flight = found.in_flight || (o != nullptr && o->early_out);
+    }
+  });
+  return found;
 }
 
 bool Engine::Impl::SlideDueGroupLocked(std::unique_lock<std::mutex>& lock,
@@ -510,22 +503,6 @@ bool Engine::Impl::PackDueGroupLocked(std::unique_lock<std::mutex>& lock,
   // Where the packed members start: the run's low end, or higher where
   // fewer bytes then leave (the range from there up to the packed output's
   // end or the highest member's, whichever is higher, is cleared).
-  auto leaving_bytes = [&](const char* lo, const char* hi) {
-    size_t bytes = 0;
-    arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
-      for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
-           h = arena_->chunk(h)->next) {
-        const BfcArena::Chunk* c = arena_->chunk(h);
-        if (c->ptr >= hi) break;
-        if (c->ptr + c->size <= lo || !c->in_use() ||
-            sliding.count(static_cast<const Buffer*>(c->owner)) != 0) {
-          continue;
-        }
-        bytes += c->size;
-      }
-    });
-    return bytes;
-  };
   std::vector<Buffer*> order(members);
   auto by_address = [&] {
     std::sort(order.begin(), order.end(),
@@ -554,7 +531,8 @@ bool Engine::Impl::PackDueGroupLocked(std::unique_lock<std::mutex>& lock,
   if (static_cast<size_t>(top - run.lo) >= span) starts.push_back(top - span);
   for (const char* s : starts) {
     if (s < run.lo || s > lowest || s + span > run.hi || !slides(s)) continue;
-    const size_t c = leaving_bytes(s, std::max(s + span, top));
+    const size_t c =
+        OccupantsLocked(s, std::max(s + span, top), members).bytes;
     if (c < cost) {
       cost = c;
       start = s;
@@ -575,38 +553,21 @@ bool Engine::Impl::PackDueGroupLocked(std::unique_lock<std::mutex>& lock,
       if (!st.ok()) return false;
     }
   }
-  std::vector<Buffer*> occupants;
-  bool in_flight = false;
-  auto scan = [&] {
-    occupants.clear();
-    in_flight = false;
-    bool blocked = false;
-    arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
-      for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
-           h = arena_->chunk(h)->next) {
-        const BfcArena::Chunk* c = arena_->chunk(h);
-        if (c->ptr >= clear_hi) break;
-        if (c->ptr + c->size <= start || !c->in_use()) continue;
-        Buffer* o = static_cast<Buffer*>(c->owner);
-        if (sliding.count(o) != 0) {
-          blocked = blocked || !Movable(o);
-        } else if (Reclaimable(o)) {
-          occupants.push_back(o);
-        } else {
-          blocked = true;
-          in_flight = in_flight || (o != nullptr && o->early_out);
-        }
-      }
-    });
-    return !blocked;
+  // The members all lie in [start, clear_hi) and must be movable.
+  auto blocked = [&](const Occupants& in_range) {
+    return in_range.blocked ||
+           std::any_of(members.begin(), members.end(),
+                       [&](const Buffer* m) { return !Movable(m); });
   };
-  if (!scan() && in_flight) {
+  Occupants in_range = OccupantsLocked(start, clear_hi, members);
+  if (blocked(in_range) && in_range.in_flight) {
     SettleEarlyPageOutsLocked(lock, early_outs_.size());
   }
-  if (!scan()) return false;
-  if (!occupants.empty()) {
+  in_range = OccupantsLocked(start, clear_hi, members);
+  if (blocked(in_range)) return false;
+  if (!in_range.leaving.empty()) {
     size_t out = 0;
-    if (!PageOut(lock, occupants, &out).ok() || out == 0) return false;
+    if (!PageOut(lock, in_range.leaving, &out).ok() || out == 0) return false;
   }
   // Another thread may have evicted, pinned or moved one while mu_ was
   // released.

@@ -367,6 +367,18 @@ class Engine::Impl {
   bool PackDueGroupLocked(std::unique_lock<std::mutex>& lock,
                           const std::vector<Buffer*>& members, size_t need,
                           size_t* moved);
+  // What lies in [lo, hi) besides the `staying` buffers: the inactive
+  // buffers that a page-out would clear (`leaving`), the bytes of every
+  // such chunk, and whether one may not leave now (`blocked`; `in_flight`
+  // when an early page-out in flight is among those, which settling frees).
+  struct Occupants {
+    std::vector<Buffer*> leaving;
+    size_t bytes = 0;
+    bool blocked = false;
+    bool in_flight = false;
+  };
+  Occupants OccupantsLocked(const char* lo, const char* hi,
+                            const std::vector<Buffer*>& staying) const;
   // The runs of adjacent chunks that may_leave accepts, as [lo, hi).
   template <typename MayLeave>
   std::vector<std::pair<const char*, const char*>> LeavableRunsLocked(

@@ -101,16 +101,11 @@ Engine::Impl::ClusterPlan Engine::Impl::PlanClusterPlacement(
   });
   if (plan.lo == nullptr) return plan;
   // Collect victims overlapping the range: walk from the region start.
-  arena_->ForEachRegion([&](BfcArena::ChunkHandle region_first) {
-    for (BfcArena::ChunkHandle h = region_first; h != BfcArena::kInvalidChunk;
-         h = arena_->chunk(h)->next) {
-      const BfcArena::Chunk* c = arena_->chunk(h);
-      if (c->ptr >= plan.lo + rounded) break;
-      if (c->ptr + c->size > plan.lo && c->in_use()) {
-        plan.victims.push_back(static_cast<Buffer*>(c->owner));
-      }
-    }
-  });
+  arena_->ForEachInUseIn(plan.lo, plan.lo + rounded,
+                         [&](const BfcArena::Chunk& c) {
+                           plan.victims.push_back(
+                               static_cast<Buffer*>(c.owner));
+                         });
   return plan;
 }
 
@@ -239,15 +234,8 @@ bool Engine::Impl::RelocateStrandedLocked(std::unique_lock<std::mutex>& lock,
   }
   const size_t size = arena_->chunk(b->chunk)->size;
   std::vector<Buffer*> victims;
-  arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
-    for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
-         h = arena_->chunk(h)->next) {
-      const BfcArena::Chunk* c = arena_->chunk(h);
-      if (c->ptr >= dest + size) break;
-      if (c->ptr + c->size > dest && c->in_use()) {
-        victims.push_back(static_cast<Buffer*>(c->owner));
-      }
-    }
+  arena_->ForEachInUseIn(dest, dest + size, [&](const BfcArena::Chunk& c) {
+    victims.push_back(static_cast<Buffer*>(c.owner));
   });
   if (!victims.empty()) {
     size_t reclaimed = 0;
