@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bfc_arena.h"
 #include "forwarding_device.h"
 #include "host_pool.h"
 #include "sim_device.h"
@@ -141,6 +142,49 @@ TEST(BfcCoalescesAndReusesFreedSpace) {
   size_t largest, total;
   f.engine_->GetFreeSpace(&largest, &total);
   EXPECT(largest == total);  // everything coalesced back into one chunk
+}
+
+// Host memory as the arena's device: its addresses are real and ordered.
+class HostBlocks : public SubAllocator {
+ public:
+  void* Alloc(size_t bytes, size_t alignment) override {
+    return std::aligned_alloc(alignment, bytes);
+  }
+  void Free(void* ptr, size_t) override { std::free(ptr); }
+};
+
+TEST(ArenaVisitsTheChunksInUseThatOverlapARange) {
+  HostBlocks blocks;
+  BfcArena::Options options;
+  options.memory_limit = 64 * 1024;
+  options.split_always = true;
+  BfcArena arena(&blocks, options);
+  EXPECT(arena.Extend(options.memory_limit));
+  std::vector<BfcArena::ChunkHandle> h;
+  for (int i = 0; i < 6; ++i) {
+    h.push_back(arena.FindChunk(4096, 4096, nullptr));
+    EXPECT(h.back() != BfcArena::kInvalidChunk);
+  }
+  arena.FreeChunk(h[2], 0);
+  const char* at[6];
+  for (int i = 0; i < 6; ++i) at[i] = arena.chunk(h[i])->ptr;
+  EXPECT(at[0] < at[1] && at[1] < at[3] && at[3] < at[4]);
+  auto visited = [&](const char* lo, const char* hi) {
+    std::vector<const char*> seen;
+    arena.ForEachInUseIn(lo, hi, [&](const BfcArena::Chunk& c) {
+      seen.push_back(c.ptr);
+    });
+    return seen;
+  };
+  // A chunk counts if any of its bytes is in the range (chunk 0 by its last
+  // byte, chunk 4 by its first); the free chunk 2 does not.
+  EXPECT((visited(at[1] - 1, at[4] + 1) ==
+          std::vector<const char*>{at[0], at[1], at[3], at[4]}));
+  // Ends are half-open: a chunk ending at lo or starting at hi is outside.
+  EXPECT((visited(at[1], at[4]) == std::vector<const char*>{at[1], at[3]}));
+  EXPECT(visited(at[2], at[3]).empty());
+  EXPECT(visited(at[3], at[3]).empty());
+  for (int i : {0, 1, 3, 4, 5}) arena.FreeChunk(h[i], 0);
 }
 
 TEST(OversubscribedWorkingSetKeepsEveryByte) {
