@@ -544,6 +544,10 @@ class Engine::Impl {
   size_t LargestAllocationDueLocked(size_t pins) const;
   // Whether the planned step pins `b` within the next `pins` pins.
   bool PinDueLocked(const Buffer* b, size_t pins) const;
+  // Rounded bytes of the buffers other than `except` that the planned step
+  // pins within the next `pins` pins and that will need a chunk first
+  // (on the host, or on their way there); 0 while no plan is followed.
+  size_t BytesDueBackLocked(const Buffer* except, size_t pins) const;
   // `b` stops being a prefetch not yet pinned (pinned, evicted or freed):
   // a look-ahead prefetch's bytes leave the byte budget's count.
   void EndPrefetchLocked(Buffer* b);

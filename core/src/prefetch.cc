@@ -560,6 +560,26 @@ bool Engine::Impl::PinDueLocked(const Buffer* b, size_t pins) const {
   return next != SIZE_MAX && next < cursor + pins;
 }
 
+size_t Engine::Impl::BytesDueBackLocked(const Buffer* except,
+                                        size_t pins) const {
+  if (!FollowingPlan()) return 0;
+  const size_t cursor = LearnedCursor();
+  const size_t end = std::min(cursor + pins, prefetch_.learned.size());
+  const bool in_candidate = InCandidateStep();
+  std::unordered_set<const Buffer*> seen;
+  size_t bytes = 0;
+  for (size_t i = cursor; i < end; ++i) {
+    const Buffer* m = BufferForKeyLocked(prefetch_.learned[i], in_candidate);
+    if (m == nullptr || m == except || !seen.insert(m).second) continue;
+    // An early page-out is cancelled by the pin and keeps its chunk.
+    if (m->state == BufferState::kReclaimed ||
+        (m->state == BufferState::kPagingOut && !m->early_out)) {
+      bytes += BfcArena::RoundedBytes(m->size);
+    }
+  }
+  return bytes;
+}
+
 void Engine::Impl::ForgetBufferForPrefetch(Buffer* b) {
   PrefetchState& p = prefetch_;
   if (options_.prefetch_enabled) NoteStepEventLocked(StepEvent::kFree, b);
