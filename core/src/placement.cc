@@ -208,32 +208,25 @@ bool Engine::Impl::RelocateStrandedLocked(std::unique_lock<std::mutex>& lock,
   // AC922, where nearly every op pages out, stepped 10.37 s with prefetch
   // against 9.84 s on demand, and 7.90 s with moves only where the step
   // needs them.
+  // (A smaller buffer is judged by the coming allocation alone.)
   const size_t own_size = arena_->chunk(b->chunk)->size;
+  const bool large = WorthPagingOutToPlace(own_size);
   bool stranded_by_own_size = false;
-  if (WorthPagingOutToPlace(own_size) && FollowingPlan()) {
+  // count_in_flight implies a plan: only a plan makes an allocation due.
+  if (large ? FollowingPlan() : count_in_flight) {
     due_pins_stay = true;
-    const size_t need =
-        BfcArena::RoundedBytes(due) + BytesDueBackLocked(b, kDuePins);
+    size_t need = BfcArena::RoundedBytes(due);
+    if (large) need += BytesDueBackLocked(b, kDuePins);
     if (LargestGapBesideLocked(b, may_leave) >= need) return false;
     leaving_in_flight = false;  // only those in b's own gap need settling
-  } else if (!WorthPagingOutToPlace(own_size)) {
-    if (!count_in_flight) {
-      // While a learned plan is followed, prefetched buffers due soon hem
-      // most buffers in; moving them all made ResNet152 at batch 564 on
-      // the AC922 step 75% slower (2195 round trips a step).
-      if (FollowingPlan() ||
-          LargestGapBesideLocked(b, may_leave) >= own_size) {
-        return false;
-      }
-      stranded_by_own_size = true;
-    } else {
-      due_pins_stay = true;
-      if (LargestGapBesideLocked(b, may_leave) >=
-          BfcArena::RoundedBytes(due)) {
-        return false;
-      }
-      leaving_in_flight = false;  // only those in b's own gap need settling
+  } else if (!large) {
+    // While a learned plan is followed, prefetched buffers due soon hem
+    // most buffers in; moving them all made ResNet152 at batch 564 on
+    // the AC922 step 75% slower (2195 round trips a step).
+    if (FollowingPlan() || LargestGapBesideLocked(b, may_leave) >= own_size) {
+      return false;
     }
+    stranded_by_own_size = true;
   }
   const char* dest = nullptr;
   if (!plan_move(&dest)) {
