@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from tflms import _core
 
 OutOfMemoryError = _core.OutOfMemoryError
+# The engine's own default (EngineOptions in core/include/tflms/engine.h), in pins.
+DEFAULT_PREFETCH_LOOKAHEAD: int = _core.DEFAULT_PREFETCH_LOOKAHEAD
 Buffer = _core.Buffer
 
 BACKENDS = ("sim", "cuda")
@@ -53,7 +55,7 @@ class Engine:
         *,
         prefetch: bool = False,
         prefetch_budget: int = 0,
-        prefetch_lookahead: int = 256,
+        prefetch_lookahead: int = DEFAULT_PREFETCH_LOOKAHEAD,
         allow_growth: bool = True,
         lms_limit: int = 0,
         store_data: bool = True,

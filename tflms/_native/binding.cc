@@ -345,6 +345,7 @@ StreamKind ParseKind(const std::string& kind) {
 PYBIND11_MODULE(_core, m) {
   using namespace tflms;
   m.doc() = "tflms LMS engine (C++), sim backend";
+  m.attr("DEFAULT_PREFETCH_LOOKAHEAD") = EngineOptions{}.prefetch_lookahead;
   static py::exception<OutOfMemory> oom(m, "OutOfMemoryError",
                                         PyExc_MemoryError);
   py::register_exception_translator([](std::exception_ptr p) {

@@ -30,7 +30,8 @@ _LINK_HELP = (
 def add_parsers(sub: Any) -> None:
     # Light (the replay module imports the engine only when it runs).
     from tflms.planner.lookahead import LOOKAHEADS
-    from tflms.planner.replay import LAUNCH_QUEUE_DEPTH
+    from tflms.planner.lookahead_sweep import SWEPT
+    from tflms.planner.replay import DEFAULT_LOOKAHEAD, LAUNCH_QUEUE_DEPTH
 
     p = sub.add_parser(
         "simulate",
@@ -115,7 +116,10 @@ def add_parsers(sub: Any) -> None:
     )
     eng.add_argument("--steps", type=int, default=2, help="steps replayed; the last is measured")
     eng.add_argument(
-        "--prefetch-lookahead", type=int, default=256, help="pins prefetch looks ahead (256)"
+        "--prefetch-lookahead",
+        type=int,
+        default=DEFAULT_LOOKAHEAD,
+        help=f"pins prefetch looks ahead ({DEFAULT_LOOKAHEAD})",
     )
     eng.add_argument(
         "--prefetch-budget", help="bytes prefetch may hold ahead of use (default: memory / 8)"
@@ -260,7 +264,9 @@ def add_parsers(sub: Any) -> None:
         "--steadiness", default="docs/steadiness.json", help="the saved `tflms steadiness` JSON"
     )
     la.add_argument(
-        "--lookaheads", default="32,64,128", help="lookaheads to replay (default 32,64,128)"
+        "--lookaheads",
+        default=",".join(map(str, SWEPT)),
+        help=f"lookaheads to replay (default {','.join(map(str, SWEPT))})",
     )
     _page_run_options(la, "docs/lookahead.md")
     la.set_defaults(func=cmd_lookahead)

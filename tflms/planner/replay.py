@@ -60,6 +60,9 @@ if TYPE_CHECKING:
     from tflms.trace.format import OpInfo, TensorInfo, Trace
 
 ALIGNMENT = 256  # BFC rounds every allocation up to this
+# The engine's prefetch lookahead, in pins (tflms.engine.DEFAULT_PREFETCH_LOOKAHEAD; a test
+# keeps them equal without loading the engine here).
+DEFAULT_LOOKAHEAD = 64
 
 
 def _rounded(nbytes: int) -> int:
@@ -377,7 +380,7 @@ class EngineConfig:
     # times steps with and without it once learned and keeps the faster mode.
     prefetch_guard: bool = False
     defrag: bool = False
-    prefetch_lookahead: int = 256
+    prefetch_lookahead: int = DEFAULT_LOOKAHEAD
     prefetch_budget: int = 0
     link_latency_us: float = DEFAULT_LINK_LATENCY_US
     # TensorFlow's default (allow_growth off) takes the GPU's memory as one region up

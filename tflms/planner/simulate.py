@@ -13,6 +13,7 @@ from tflms.planner.gpu import GpuModel
 from tflms.planner.host import HostSide
 from tflms.planner.machines import Pairing, get_pairing, real_pairing
 from tflms.planner.replay import (
+    DEFAULT_LOOKAHEAD,
     LAUNCH_QUEUE_DEPTH,
     EngineConfig,
     ReplayResult,
@@ -68,7 +69,7 @@ class Machine:
     link_name: str
     link_gbps: float
     host_memory: int
-    prefetch_lookahead: int = 256
+    prefetch_lookahead: int = DEFAULT_LOOKAHEAD
     prefetch_budget: int = 0
     launch_queue_depth: int = LAUNCH_QUEUE_DEPTH
     host_side: HostSide | None = None
