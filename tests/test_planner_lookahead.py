@@ -28,10 +28,10 @@ def test_unet3d_at_400_on_the_a100_40_is_told_a_shorter_lookahead(
 ) -> None:
     from tests.test_planner import _fresh_trace
 
-    # Here the default lookahead (its look-ahead reaches several tensors of 8-16 GB) made
-    # prefetch slower than paging on demand, and 32 uses faster. Since a concat's inputs are
-    # gathered before the pins, the default is faster than paging on demand too (9.34 s
-    # against 11.07 s) and 32 still the fastest (8.00 s).
+    # Here the default lookahead of the time (256: its look-ahead reaches several tensors of
+    # 8-16 GB) made prefetch slower than paging on demand, and 32 uses faster. Since a
+    # concat's inputs are gathered before the pins, every lookahead beats paging on demand
+    # (11.07 s), and 32 (7.67 s) still beats the default of now, 64 (9.10 s; 256: 10.18 s).
     trace = _fresh_trace(tmp_path_factory, "UNet3D", 1, 400)
     # The card's whole 40 GiB for TensorFlow, where this was found.
     machine = Machine.from_pairing(get_pairing("dgx-a100-40gb")).with_card_memory()
@@ -46,7 +46,7 @@ def test_unet3d_at_400_on_the_a100_40_is_told_a_shorter_lookahead(
     assert t.recommended == 32
     text = format_tuning(t)
     assert "set_lms_prefetch_lookahead(32)" in text
-    assert "lookahead 256 (default)" in text
+    assert f"lookahead {DEFAULT_LOOKAHEAD} (default)" in text
     assert t.to_json()["recommended_lookahead"] == 32
 
 
@@ -63,8 +63,9 @@ def test_prefetch_stays_off_unless_a_lookahead_beats_on_demand_by_the_margin() -
     # Out of memory is never recommended, however fast its steps before were.
     assert recommend([_run(None, 1.0, 6), _run(64, None), _run(128, 0.95)]) == 128
     # Equal means: the default, else the shorter lookahead.
-    assert recommend([_run(None, 1.0, 6), _run(128, 0.9), _run(256, 0.9)]) == 256
-    assert recommend([_run(None, 1.0, 6), _run(64, 0.9), _run(128, 0.9)]) == 64
+    d = DEFAULT_LOOKAHEAD
+    assert recommend([_run(None, 1.0, 6), _run(d // 2, 0.9), _run(d, 0.9)]) == d
+    assert recommend([_run(None, 1.0, 6), _run(128, 0.9), _run(256, 0.9)]) == 128
     # On demand out of memory: the fastest prefetch that fits.
     assert recommend([_run(None, None, 6), _run(64, 3.0), _run(128, 2.0)]) == 128
     text = format_tuning_of([_run(None, 1.0, 6), _run(64, None), _run(128, 1.2)])
@@ -96,3 +97,21 @@ def test_the_cli_refuses_bad_lookaheads_before_replaying_anything() -> None:
     r = _simulate("--tune-lookahead", "--fixed-addresses")
     assert r.returncode != 0
     assert "drop --fixed-addresses" in r.stderr
+
+
+def test_the_planner_replays_the_engines_own_default_lookahead() -> None:
+    # The planner's constant is kept light to import; the engine's default is the one users
+    # get (EngineOptions in core/include/tflms/engine.h), so the two must not drift apart.
+    import dataclasses
+    import inspect
+
+    from tflms.engine import DEFAULT_PREFETCH_LOOKAHEAD, Engine
+    from tflms.planner.replay import EngineConfig
+    from tflms.planner.simulate import Machine
+
+    assert DEFAULT_LOOKAHEAD == DEFAULT_PREFETCH_LOOKAHEAD  # read from EngineOptions{}
+    for cls in (EngineConfig, Machine):
+        fields = {f.name: f.default for f in dataclasses.fields(cls)}
+        assert fields["prefetch_lookahead"] == DEFAULT_PREFETCH_LOOKAHEAD
+    signature = inspect.signature(Engine.__init__)
+    assert signature.parameters["prefetch_lookahead"].default == DEFAULT_PREFETCH_LOOKAHEAD

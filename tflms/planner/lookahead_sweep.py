@@ -5,13 +5,14 @@ prefetch at the default lookahead. This replays the same points, from fresh engi
 the same 30 steps, with prefetch at other lookaheads, and writes docs/lookahead.md: which
 lookahead is fastest where, what choosing it per point buys against the default, and
 where a lookahead runs out of memory that the default does not. It is the evidence behind
-keeping the default and behind `tflms simulate --tune-lookahead` (lookahead.py); on demand
+the default and behind `tflms simulate --tune-lookahead` (lookahead.py); on demand
 and the default are taken from the steadiness JSON, which the same engine wrote.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -123,6 +124,25 @@ def _vs(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None else pct(a / b - 1)
 
 
+def against_default(swept: list[Swept], la: int) -> tuple[float, int, Swept | None, float]:
+    """The geometric mean of `la`'s mean step over the default's, at the points where both
+    run every step; the number of those points; the one where `la` is slowest against the
+    default, and that ratio."""
+    logs: list[float] = []
+    worst: Swept | None = None
+    worst_ratio = 0.0
+    for s in swept:
+        a, d = s.prefetch[la], s.prefetch[DEFAULT_LOOKAHEAD]
+        am, dm = a.mean() if a.fits else None, d.mean() if d.fits else None
+        if not am or not dm:
+            continue
+        logs.append(math.log(am / dm))
+        if am / dm > worst_ratio:
+            worst, worst_ratio = s, am / dm
+    mean = math.exp(sum(logs) / len(logs)) if logs else 1.0
+    return mean, len(logs), worst, worst_ratio
+
+
 def markdown(swept: list[Swept]) -> str:
     las = sorted({la for s in swept for la in s.prefetch})
     fits = [s for s in swept if s.best() is not None]
@@ -177,6 +197,20 @@ def markdown(swept: list[Swept]) -> str:
         f"{default_wins} of {len(swept)} points with the default, at {best_wins} with the best "
         "lookahead of each point.",
     ]
+    others = []
+    for la in las:
+        if la == DEFAULT_LOOKAHEAD:
+            continue
+        mean, n, worst, ratio = against_default(swept, la)
+        if n and worst is not None:
+            others.append(
+                f"{la} {pct(mean - 1)} over {n} (at most {pct(ratio - 1)}, {worst.point.label()})"
+            )
+    if others:
+        lines.append(
+            "- Each other lookahead against the default, the geometric mean of the steps "
+            "where both run: " + "; ".join(others) + "."
+        )
     if top is not None:
         g, s, b = top
         lines.append(
