@@ -17,8 +17,9 @@ from tflms.planner.steadiness import Point, Series
 ROOT = Path(__file__).resolve().parents[1]
 STEADINESS = ROOT / "docs" / "steadiness.json"
 # The U-Net at its largest size on the GH200 (a row and a largest size): 32 beats the default
-# (docs/lookahead.md: 1.704 s against 1.721 s, on demand 1.882 s). At that size on the A100-80
-# and the H100 prefetch runs out of memory.
+# (docs/lookahead.md: 1.704 s against 1.705 s, on demand 1.882 s; the replay is deterministic,
+# so the narrow margin is exact). At that size on the A100-80 and the H100 prefetch runs out
+# of memory.
 UNET = "UNet3D 480^3 on gh200"
 
 

@@ -1,12 +1,11 @@
 """Which prefetch lookahead to set for one model on one machine (`tflms simulate --tune-lookahead`).
 
 The lookahead (TensorFlow: `set_lms_prefetch_lookahead`, the engine's `prefetch_lookahead`)
-is how many tensor uses ahead prefetch pages tensors in. Its default, 64, is the fastest of
-32, 64, 128 and 256 over docs/results.md's points taken together (docs/lookahead.md), but
-not at each of them: small tensors favour longer lookaheads (256 at DenseNet201's batch 444
-on the AC922, 3% faster), a few huge ones shorter (the 3D U-Net's 400^3 on the A100-40,
-whose tensors are a fifth to two fifths of the GPU, docs/tuning.md). Only replaying the
-steps tells, so this replays them: paging on
+is how many tensor uses ahead prefetch pages tensors in. Its default, 256, is the best of
+64, 128 and 256 at most points docs/results.md reports, but not at all of them: at the 3D
+U-Net's 400^3 on the A100-40, whose tensors are a fifth to two fifths of the GPU, 256 uses
+reach several of them, and prefetch stepped 26% slower than paging on demand where 128 was
+9% faster (docs/tuning.md). Only replaying the steps tells, so this replays them: paging on
 demand, and prefetch at each lookahead, each from a fresh engine over the same windows as
 docs/steadiness.md (on demand steps 2-6, prefetch steps 11-30), and recommends the fastest
 lookahead that beats paging on demand by more than steadiness.MARGIN, or prefetch off.
@@ -18,7 +17,6 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tflms.planner.replay import DEFAULT_LOOKAHEAD
 from tflms.planner.report import pct
 
 if TYPE_CHECKING:
@@ -29,6 +27,7 @@ if TYPE_CHECKING:
 
 # Light at import (`tflms --help` reads LOOKAHEADS): the replay modules load when used.
 
+DEFAULT_LOOKAHEAD = 256
 LOOKAHEADS = (32, 64, 128, 256, 512)
 
 

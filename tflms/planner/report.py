@@ -547,7 +547,7 @@ def results_markdown(res: dict[str, Any]) -> str:
         "the next step as here and with it waiting for the GPU at every step's end (a Keras",
         "fit with a batch-end callback). Prefetch runs at its default lookahead, "
         f"{DEFAULT_LOOKAHEAD} tensor",
-        "uses; docs/lookahead.md replays every point at 32, 128 and 256 too, and which one is",
+        "uses; docs/lookahead.md replays every point at 32, 64 and 128 too, and which one is",
         "fastest differs from point to point (docs/tuning.md). The largest batches are",
         "found by bisection over two steps to within 1% (ResNet50 on the AC922: exactly), and",
         "the answer must then run 20 steps, 1% less at a time until it does: at the host's",

@@ -85,13 +85,9 @@ struct EngineOptions {
   // steps) and page in the next buffers ahead of use.
   bool prefetch_enabled = false;
   size_t prefetch_budget_bytes = 0;  // 0 = memory_limit / 8
-  // Pins looked ahead. 64 rather than 256 since November 2026: over the
-  // planner's 53 points where prefetch runs (docs/lookahead.md), 64 stepped
-  // 1.5% faster in the geometric mean, beat paging on demand at every one
-  // (256 lost by 3.7% at UNet3D 416^3 on the A100-40, where 64 won by 13%),
-  // and lost most at InceptionV3 636 on the DGX-1 (+3.8%): long windows
-  // prefetch far-off tensors that take the budget a large near one needs.
-  int prefetch_lookahead = 64;
+  // Pins looked ahead. 64 steps 1.5% faster over the planner's points but
+  // ran one out of memory that 256 runs (docs/how-it-works.md, "64 was tried").
+  int prefetch_lookahead = 256;
   // Keep prefetch only while it is faster: once a step is learned, time
   // steps with and without it and keep the faster, trying the other again
   // now and then (prefetch_guard.cc). Off (the default): prefetch runs in
