@@ -106,10 +106,12 @@ def test_the_planner_replays_the_engines_own_default_lookahead() -> None:
     import inspect
 
     from tflms.engine import DEFAULT_PREFETCH_LOOKAHEAD, Engine
+    from tflms.planner import replay
     from tflms.planner.replay import EngineConfig
     from tflms.planner.simulate import Machine
 
-    assert DEFAULT_LOOKAHEAD == DEFAULT_PREFETCH_LOOKAHEAD  # read from EngineOptions{}
+    # Read from EngineOptions{}; lookahead.py's is replay.py's, not a copy.
+    assert DEFAULT_LOOKAHEAD == replay.DEFAULT_LOOKAHEAD == DEFAULT_PREFETCH_LOOKAHEAD
     for cls in (EngineConfig, Machine):
         fields = {f.name: f.default for f in dataclasses.fields(cls)}
         assert fields["prefetch_lookahead"] == DEFAULT_PREFETCH_LOOKAHEAD

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from tflms.planner.replay import DEFAULT_LOOKAHEAD
 from tflms.planner.report import pct
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 # Light at import (`tflms --help` reads LOOKAHEADS): the replay modules load when used.
 
-DEFAULT_LOOKAHEAD = 256
 LOOKAHEADS = (32, 64, 128, 256, 512)
 
 
