@@ -193,7 +193,7 @@ def prefetch_lookahead(lb: int, ub: int) -> tuple[int, tuple[str, ...]]:
     default of 1, which only means "as late as possible") is the lookahead. With
     both at their v1 defaults nothing is asked (sources are empty): prefetch
     keeps TensorFlow's setting (unset: LMS's default, off in this release) and
-    its default lookahead (256).
+    its default lookahead (128).
     """
     if _differs("lb", lb):
         return min(lb, MAX_LOOKAHEAD), (("lb", "ub") if _differs("ub", ub) else ("lb",))

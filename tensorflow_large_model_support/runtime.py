@@ -184,7 +184,7 @@ def lms_config(
     For tf.compat.v1.Session(config=...), MonitoredTrainingSession(config=...)
     and an Estimator's RunConfig(session_config=...): a session given a
     ConfigProto reads LMS from it, not from tf.config.experimental. `prefetch`
-    and `prefetch_lookahead` (tensor uses; 0 keeps the default, 256) set
+    and `prefetch_lookahead` (tensor uses; 0 keeps the default, 128) set
     gpu_options.experimental.lms_prefetch_enabled / lms_prefetch_lookahead, what
     v1's lb/ub map to (`parameters.prefetch_lookahead(lb, ub)` computes it).
     `prefetch` True or False sets the field explicitly (False stays off whatever
@@ -202,7 +202,7 @@ def lms_config(
         or not 0 <= prefetch_lookahead <= MAX_LOOKAHEAD
     ):
         raise ValueError(
-            f"lms_config(): prefetch_lookahead must be an int from 0 (the default, 256 tensor "
+            f"lms_config(): prefetch_lookahead must be an int from 0 (the default, 128 tensor "
             f"uses) to 2**31 - 1, got {prefetch_lookahead!r}"
         )
     tf = tensorflow()

@@ -276,12 +276,12 @@ def set_lms_prefetch_enabled(enable: bool | None) -> None:
 
 
 def get_lms_prefetch_lookahead() -> int:
-    """Returns the prefetch lookahead in tensor uses (0: the engine's default, 256)."""
+    """Returns the prefetch lookahead in tensor uses (0: the engine's default, 128)."""
     return int(_settings["lookahead"])
 
 
 def set_lms_prefetch_lookahead(uses: int) -> None:
-    """Sets how many tensor uses ahead LMS prefetch looks (0: the default, 256).
+    """Sets how many tensor uses ahead LMS prefetch looks (0: the default, 128).
 
     Before the first op, as `set_lms_prefetch_enabled`. Raises TypeError for a non-int,
     ValueError for a negative value or one of 2**31 or more, RuntimeError once the runtime
@@ -293,7 +293,7 @@ def set_lms_prefetch_lookahead(uses: int) -> None:
         )
     if uses < 0 or uses > _MAX_LOOKAHEAD:
         raise ValueError(
-            f"set_lms_prefetch_lookahead: {uses} must be 0 (the default, 256 tensor uses) or "
+            f"set_lms_prefetch_lookahead: {uses} must be 0 (the default, 128 tensor uses) or "
             f"a positive number of tensor uses below 2**31"
         )
     _apply("lookahead", uses, "tf.config.experimental.set_lms_prefetch_lookahead")

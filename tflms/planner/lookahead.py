@@ -1,14 +1,15 @@
 """Which prefetch lookahead to set for one model on one machine (`tflms simulate --tune-lookahead`).
 
 The lookahead (TensorFlow: `set_lms_prefetch_lookahead`, the engine's `prefetch_lookahead`)
-is how many tensor uses ahead prefetch pages tensors in. Its default, 256, is the best of
-64, 128 and 256 at most points docs/results.md reports, but not at all of them: at the 3D
-U-Net's 400^3 on the A100-40, whose tensors are a fifth to two fifths of the GPU, 256 uses
-reach several of them, and prefetch stepped 26% slower than paging on demand where 128 was
-9% faster (docs/tuning.md). Only replaying the steps tells, so this replays them: paging on
-demand, and prefetch at each lookahead, each from a fresh engine over the same windows as
-docs/steadiness.md (on demand steps 2-6, prefetch steps 11-30), and recommends the fastest
-lookahead that beats paging on demand by more than steadiness.MARGIN, or prefetch off.
+is how many tensor uses ahead prefetch pages tensors in. Its default, 128, beats paging on
+demand wherever prefetch runs at docs/results.md's points, but the fastest lookahead differs
+by model and machine (docs/lookahead.md): at the 3D U-Net's 400^3 on the A100-40, whose
+tensors are a fifth to two fifths of the GPU, 32 steps 11% faster than the default (7.84 s
+against 8.83 s), and where tensors are small 256 is often 1-2% faster. Only replaying the
+steps tells, so this replays them: paging on demand, and prefetch at each lookahead, each
+from a fresh engine over the same windows as docs/steadiness.md (on demand steps 2-6,
+prefetch steps 11-30), and recommends the fastest lookahead that beats paging on demand by
+more than steadiness.MARGIN, or prefetch off.
 """
 
 from __future__ import annotations

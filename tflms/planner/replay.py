@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 ALIGNMENT = 256  # BFC rounds every allocation up to this
 # The engine's prefetch lookahead, in pins (tflms.engine.DEFAULT_PREFETCH_LOOKAHEAD; a test
 # keeps them equal without loading the engine here).
-DEFAULT_LOOKAHEAD = 256
+DEFAULT_LOOKAHEAD = 128
 
 
 def _rounded(nbytes: int) -> int:
