@@ -31,7 +31,7 @@ def test_unet3d_at_400_on_the_a100_40_is_told_a_shorter_lookahead(
     # Here the default lookahead (its look-ahead reaches several tensors of 8-16 GB) made
     # prefetch slower than paging on demand, and 32 uses faster. Since a concat's inputs are
     # gathered before the pins, every lookahead beats paging on demand (11.07 s), and 32
-    # (7.67 s) still beats the default (10.18 s; 64: 9.10 s, 128: 9.96 s).
+    # (7.67 s) still beats the default (128: 9.96 s; 64: 9.10 s, 256: 10.18 s).
     trace = _fresh_trace(tmp_path_factory, "UNet3D", 1, 400)
     # The card's whole 40 GiB for TensorFlow, where this was found.
     machine = Machine.from_pairing(get_pairing("dgx-a100-40gb")).with_card_memory()

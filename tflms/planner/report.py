@@ -490,6 +490,10 @@ def paper_markdown(paper: dict[str, Any]) -> list[str]:
 
 def results_markdown(res: dict[str, Any]) -> str:
     """docs/results.md: the largest batches, the overheads and how the GPU model was calibrated."""
+    # Here, not at the top: lookahead_sweep imports this module.
+    from tflms.planner.lookahead_sweep import SWEPT
+
+    *shorter, last = map(str, SWEPT)
     lines = [
         RESULTS_MARKER,
         "# Planner results: how far LMS takes each model, and at what cost",
@@ -547,7 +551,8 @@ def results_markdown(res: dict[str, Any]) -> str:
         "the next step as here and with it waiting for the GPU at every step's end (a Keras",
         "fit with a batch-end callback). Prefetch runs at its default lookahead, "
         f"{DEFAULT_LOOKAHEAD} tensor",
-        "uses; docs/lookahead.md replays every point at 32, 64 and 128 too, and which one is",
+        f"uses; docs/lookahead.md replays every point at {', '.join(shorter)} and {last} too, "
+        "and which one is",
         "fastest differs from point to point (docs/tuning.md). The largest batches are",
         "found by bisection over two steps to within 1% (ResNet50 on the AC922: exactly), and",
         "the answer must then run 20 steps, 1% less at a time until it does: at the host's",
