@@ -143,7 +143,7 @@ transformers: install ## Regenerate docs/transformers.md (keras-hub GPT-2, BERT,
 steadiness: install ## Replay every point of docs/results.md for 30 steps: mean, fastest and slowest step (docs/steadiness.md)
 	$(PY) -m tflms steadiness --force --json-output docs/steadiness.json
 
-lookahead: install ## Replay every point of docs/steadiness.md with prefetch at lookaheads 32, 64, 256 besides the default (docs/lookahead.md)
+lookahead: install ## Replay every point of docs/steadiness.md with prefetch at lookaheads 32 to 256 besides the default (docs/lookahead.md)
 	$(PY) -m tflms lookahead --force --json-output docs/lookahead.json
 
 soak: install ## A million random engine operations against a reference model
