@@ -336,6 +336,15 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
       ++counters_.num_host_full_defrags;
       return done(h, AllocSource::kDefrag);
     }
+    // No slide makes the room either: what is on the host may come back
+    // into chunks the request cannot use, so that the pool takes a victim
+    // whose chunk holds it (exchange.cc).
+    if (ExchangeForVictimLocked(lock, rounded, protect_until, &host_status)) {
+      h = find(false);
+      if (h != BfcArena::kInvalidChunk) {
+        return done(h, AllocSource::kSingleReclaim);
+      }
+    }
   }
   // A prefetch that finds no room without costly reclaims gives up; that is
   // not an out-of-memory anyone sees.

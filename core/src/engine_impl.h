@@ -434,6 +434,17 @@ class Engine::Impl {
                          moves,
                      size_t* moved);
 
+  // ---- exchange.cc ----
+  // The host pool refused every victim of a `rounded` request: for one
+  // victim whose chunk with its free neighbours holds the request, pages
+  // reclaimed buffers back into free chunks outside that span, enough that
+  // the pool takes the victim, then pages it out. True if it was paged
+  // out; *host_status: the pool's refusal if it was not. Not in
+  // fixed-address mode.
+  bool ExchangeForVictimLocked(std::unique_lock<std::mutex>& lock,
+                               size_t rounded, size_t protect_until,
+                               Status* host_status);
+
   // ---- prefetch.cc ----
   void StepBegin();
   void StepBeginLocked();

@@ -48,6 +48,8 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"num_due_group_placements", num_due_group_placements},
       {"bytes_due_group_placed", bytes_due_group_placed},
       {"num_host_full_defrags", num_host_full_defrags},
+      {"num_host_exchanges", num_host_exchanges},
+      {"bytes_host_exchanged", bytes_host_exchanged},
       {"num_prefetches", num_prefetches},
       {"prefetch_hits", prefetch_hits},
       {"prefetch_misses", prefetch_misses},

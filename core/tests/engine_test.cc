@@ -842,6 +842,74 @@ TEST(ABufferThatWouldLeaveNoGapItsOwnSizeComesBackBesideAWall) {
   }
 }
 
+TEST(WithTheHostFullBuffersComeBackSoThatAVictimCanLeave) {
+  // On a 1 MiB device: V 512 KiB inactive, P 128 KiB pinned, then a 384 KiB
+  // hole; S1-S3 (128 KiB each) on the host, which has 128 KiB left. An
+  // output R of 512 KiB fits only where V is, and the pool cannot take V;
+  // the hole is beyond P, so no slide joins it to V's chunk. The live bytes
+  // fill both memories exactly (1 MiB + 512 KiB). S1-S3 come back into the
+  // hole, the pool then takes V, and R gets V's chunk. With a pool of 448
+  // KiB the three bring back 384 of the 448 KiB V lacks: nothing moves and
+  // R is out of memory, with every byte where it was.
+  constexpr size_t kK = 1024;
+  for (size_t host : {512 * kK, 448 * kK}) {
+    Fixture f(1 * kMiB, host, /*lms=*/true, false, false, 0,
+              /*allow_growth=*/false);
+    Status s;
+    Buffer* v = f.engine_->AllocateBuffer(512 * kK, false, &s);
+    Buffer* p = f.engine_->AllocateBuffer(128 * kK, false, &s);
+    std::vector<Buffer*> small;
+    for (int i = 0; i < 3; ++i) {
+      small.push_back(f.engine_->AllocateBuffer(128 * kK, false, &s));
+    }
+    EXPECT_OK(s);
+    std::vector<std::pair<Buffer*, std::string>> kept;
+    for (Buffer* x : {v, p, small[0], small[1], small[2]}) {
+      const size_t size = x == v ? 512 * kK : 128 * kK;
+      kept.emplace_back(x, Pattern(size, static_cast<uint32_t>(kept.size())));
+      EXPECT_OK(f.engine_->WriteBuffer(x, 0, kept.back().second.data(), size));
+    }
+    void* pv = nullptr;
+    void* pp = nullptr;
+    EXPECT_OK(f.engine_->Pin(v, &pv));
+    EXPECT_OK(f.engine_->Pin(p, &pp));
+    // W's room is S1-S3's: they leave for the host, and W's free leaves the
+    // hole.
+    Buffer* w = f.engine_->AllocateBuffer(384 * kK, true, &s);
+    EXPECT_OK(s);
+    EXPECT_OK(f.engine_->Unpin(w));
+    EXPECT_OK(f.engine_->FreeBuffer(w));
+    EXPECT(f.engine_->GetStats().bytes_reclaimed ==
+           static_cast<int64_t>(384 * kK));
+    EXPECT_OK(f.engine_->Unpin(v));
+    Buffer* r = f.engine_->AllocateBuffer(512 * kK, true, &s);
+    const EngineStats st = f.engine_->GetStats();
+    if (host == 512 * kK) {
+      EXPECT_OK(s);
+      EXPECT(r != nullptr);
+      EXPECT(st.num_host_exchanges == 1);
+      EXPECT(st.bytes_host_exchanged == static_cast<int64_t>(384 * kK));
+      EXPECT(st.num_ooms == 0);
+      void* pr = nullptr;
+      EXPECT_OK(f.engine_->Pin(r, &pr));
+      EXPECT(pr == pv);  // V's chunk
+      EXPECT_OK(f.engine_->Unpin(r));
+      EXPECT_OK(f.engine_->Unpin(r));
+      EXPECT_OK(f.engine_->FreeBuffer(r));
+    } else {
+      EXPECT(r == nullptr);
+      EXPECT(s.code() == Code::kResourceExhausted);
+      EXPECT(st.num_host_exchanges == 0);
+      EXPECT(st.bytes_host_exchanged == 0);
+      EXPECT(st.current_bytes_reclaimed == static_cast<int64_t>(384 * kK));
+    }
+    EXPECT_OK(f.engine_->Unpin(p));
+    for (auto& [x, pattern] : kept) EXPECT(Holds(f.engine_.get(), x, pattern));
+    for (auto& [x, pattern] : kept) EXPECT_OK(f.engine_->FreeBuffer(x));
+    EXPECT_OK(f.engine_->CheckInvariants());
+  }
+}
+
 TEST(WithTheHostFullBuffersSlideDownToJoinTheHoles) {
   // A 256, B 256 and C 192 KiB are inactive on a 1 MiB device, with holes of
   // 160 KiB between them: 320 KiB free, none of it in one piece large

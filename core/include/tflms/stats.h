@@ -76,6 +76,11 @@ struct EngineStats {
   // device once the host pool was full, with defragmentation off (its
   // moves count in num_defragmentations and bytes_defragged too).
   int64_t num_host_full_defrags = 0;
+  // Allocations that found room only once reclaimed buffers came back into
+  // free device chunks the request could not use, so that the full host
+  // pool could take a victim (exchange.cc), and the bytes brought back.
+  int64_t num_host_exchanges = 0;
+  int64_t bytes_host_exchanged = 0;
 
   // --- prefetch ---
   int64_t num_prefetches = 0;        // page-ins issued ahead of use
