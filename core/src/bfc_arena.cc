@@ -377,6 +377,17 @@ void BfcArena::SlideDown(ChunkHandle below, ChunkHandle h) {
   SetHandle(hi->ptr, h);
 }
 
+void BfcArena::Reown(ChunkHandle h, size_t requested, void* owner) {
+  Chunk* c = chunk(h);
+  assert(c->in_use() && RoundedBytes(requested) <= c->size);
+  if (c->owner != nullptr) {
+    owned_padding_ -= c->size - RoundedBytes(c->requested_size);
+  }
+  c->requested_size = requested;
+  c->owner = owner;
+  if (owner != nullptr) owned_padding_ += c->size - RoundedBytes(requested);
+}
+
 BfcArena::ChunkHandle BfcArena::FindFreeChunkOutside(size_t rounded,
                                                      const char* lo,
                                                      const char* hi) const {

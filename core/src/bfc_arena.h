@@ -120,6 +120,11 @@ class BfcArena {
   // has copied the bytes down and frees `h` next. Handles keep their order
   // in the region, so nothing else needs updating.
   void SlideDown(ChunkHandle below, ChunkHandle h);
+  // Gives in-use chunk `h` to a new owner and request, in place (the chunk
+  // keeps its address, size and allocation id): a buffer taking another's
+  // chunk whose bytes it already holds (swap.cc). `requested` must round to
+  // at most the chunk's size.
+  void Reown(ChunkHandle h, size_t requested, void* owner);
   // Smallest free chunk of at least `rounded` bytes lying wholly outside
   // [lo, hi). kInvalidChunk if none.
   ChunkHandle FindFreeChunkOutside(size_t rounded, const char* lo,

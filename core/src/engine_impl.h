@@ -445,6 +445,17 @@ class Engine::Impl {
                                size_t rounded, size_t protect_until,
                                Status* host_status);
 
+  // ---- swap.cc ----
+  // `x` (kPagingIn, its host copy in one piece) found no room however much
+  // was reclaimed: it trades places with one inactive buffer whose chunk
+  // holds it and which its host allocation holds, piece by piece through
+  // the largest free device chunk. Ok: x is resident, the victim on the
+  // host. kResourceExhausted: no such victim or staging chunk, nothing
+  // changed. Another error: a device fault (bytes may be lost if it came
+  // after the first piece was written). Releases mu_ while copying.
+  Status SwapInLocked(std::unique_lock<std::mutex>& lock, Buffer* x);
+  static constexpr size_t kMaxSwapPieces = 64;
+
   // ---- prefetch.cc ----
   void StepBegin();
   void StepBeginLocked();

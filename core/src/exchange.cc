@@ -19,18 +19,23 @@
 // Victims are tried as the single reclaim orders them (reclaim.cc: the one
 // pinned again furthest ahead in a learned step, else the least recently
 // used), each with a span (its chunk and free neighbours) that holds the
-// request, until one leaves enough free chunks outside its span. The
+// request, until one leaves enough room outside what the request needs: the
+// free chunks beyond the span, and the far ends of the free chunks within
+// it that the request does not need. UNet3D at 480^3 on an H100, drained
+// every step, lacked 0.8 GB in step 26 without those ends. The
 // buffers brought back are those the learned step needs soonest (their
 // page-in is then a prefetch), or without one the largest first (fewest
 // copies); each goes into the tightest such chunk that holds it.
 //
 // Invariants: the plan is made whole before anything moves, and nothing
-// moves unless it frees at least what the pool lacks for V. Only free chunks
-// wholly outside V's span are filled, so V's page-out still leaves the
-// request its room. A page-in that fails leaves its buffer on the host with
-// its copy intact (PageIn); mu_ is released during each copy, so every
-// buffer's state and every destination are looked at again before each one.
-// Never in fixed-address mode, where no chunk is fragmented physically.
+// moves unless it frees at least what the pool lacks for V. What is placed
+// within V's span lies at the far ends of its free chunks and totals at most
+// the span's bytes beyond the request, so V's page-out still leaves the
+// request a run of its size. A page-in that fails leaves its buffer on the
+// host with its copy intact (PageIn); mu_ is released during each copy, so
+// every buffer's state and every destination are looked at again before
+// each one. Never in fixed-address mode, where no chunk is fragmented
+// physically.
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -44,8 +49,10 @@ namespace {
 constexpr size_t kMaxVictimsTried = 16;
 
 struct Hole {
-  const char* next = nullptr;  // where the next buffer placed here starts
+  const char* next = nullptr;  // where the next buffer placed here starts,
+                               // or (downward) ends
   size_t left = 0;
+  bool downward = false;  // filled from its top: the victim lies below
 };
 
 }  // namespace
@@ -129,7 +136,20 @@ bool Engine::Impl::ExchangeForVictimLocked(std::unique_lock<std::mutex>& lock,
         !arena_->chunk(vc->next)->in_use()) {
       span_hi += arena_->chunk(vc->next)->size;
     }
+    // The span's free chunks may take what the request leaves of them, at
+    // their far ends: the low end of the one below the victim, the high end
+    // of the one above.
     std::vector<Hole> holes;
+    size_t surplus = static_cast<size_t>(span_hi - span_lo) - rounded;
+    if (span_lo < vc->ptr && surplus > 0) {
+      const size_t n = std::min<size_t>(vc->ptr - span_lo, surplus);
+      holes.push_back({span_lo, n, false});
+      surplus -= n;
+    }
+    if (span_hi > vc->ptr + vc->size && surplus > 0) {
+      const size_t n = std::min<size_t>(span_hi - (vc->ptr + vc->size), surplus);
+      holes.push_back({span_hi, n, true});
+    }
     arena_->ForEachRegion([&](BfcArena::ChunkHandle first) {
       for (BfcArena::ChunkHandle h = first; h != BfcArena::kInvalidChunk;
            h = arena_->chunk(h)->next) {
@@ -137,7 +157,7 @@ bool Engine::Impl::ExchangeForVictimLocked(std::unique_lock<std::mutex>& lock,
         if (c->in_use() || (c->ptr < span_hi && c->ptr + c->size > span_lo)) {
           continue;
         }
-        holes.push_back({c->ptr, c->size});
+        holes.push_back({c->ptr, c->size, false});
       }
     });
     if (holes.empty()) continue;
@@ -159,8 +179,13 @@ bool Engine::Impl::ExchangeForVictimLocked(std::unique_lock<std::mutex>& lock,
         }
       }
       if (best == nullptr) continue;
-      plan.emplace_back(b, best->next);
-      best->next += need;
+      if (best->downward) {
+        best->next -= need;
+        plan.emplace_back(b, best->next);
+      } else {
+        plan.emplace_back(b, best->next);
+        best->next += need;
+      }
       best->left -= need;
       device_room -= need;
       freed += b->host_bytes;

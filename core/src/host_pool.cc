@@ -107,6 +107,24 @@ size_t HostPool::PiecesOf(const void* handle) const {
   return PiecesFor(handle, 0).size();
 }
 
+std::vector<std::pair<char*, size_t>> HostPool::RangeOf(const void* handle,
+                                                        size_t offset,
+                                                        size_t bytes) const {
+  std::vector<std::pair<char*, size_t>> out;
+  for (const Piece& p : PiecesFor(handle, offset + bytes)) {
+    if (bytes == 0) break;
+    if (offset >= p.bytes) {
+      offset -= p.bytes;
+      continue;
+    }
+    const size_t n = std::min(p.bytes - offset, bytes);
+    out.emplace_back(p.ptr + offset, n);
+    offset = 0;
+    bytes -= n;
+  }
+  return out;
+}
+
 Status HostPool::CopyToHost(Stream* stream, void* handle,
                             const void* device_src, size_t bytes) {
   return CopyPieces(stream, /*to_host=*/true,

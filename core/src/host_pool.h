@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "bfc_arena.h"
@@ -62,6 +63,12 @@ class HostPool {
                       size_t bytes);
   // How many copies `handle` is scattered over (1 for a single chunk).
   size_t PiecesOf(const void* handle) const;
+  // The host ranges that hold bytes [offset, offset + bytes) of the copy
+  // `handle` names, in order: one per piece the range touches. The caller
+  // keeps the range within the copy's rounded size.
+  std::vector<std::pair<char*, size_t>> RangeOf(const void* handle,
+                                                size_t offset,
+                                                size_t bytes) const;
 
   size_t limit() const { return limit_; }
   size_t bytes_in_use() const;

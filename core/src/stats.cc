@@ -50,6 +50,8 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"num_host_full_defrags", num_host_full_defrags},
       {"num_host_exchanges", num_host_exchanges},
       {"bytes_host_exchanged", bytes_host_exchanged},
+      {"num_swaps_in_place", num_swaps_in_place},
+      {"bytes_swapped_in_place", bytes_swapped_in_place},
       {"num_prefetches", num_prefetches},
       {"prefetch_hits", prefetch_hits},
       {"prefetch_misses", prefetch_misses},

@@ -910,6 +910,136 @@ TEST(WithTheHostFullBuffersComeBackSoThatAVictimCanLeave) {
   }
 }
 
+TEST(AnExchangeMayFillTheVictimsFreeNeighbourBeyondTheRequest) {
+  // On a 1 MiB device: S1 and S2 (128 KiB each) pinned at the bottom, a 256
+  // KiB hole, V 512 KiB inactive at the top; T1 and T2 (128 KiB each) on
+  // the host, 256 KiB of its 512 KiB free. R (512 KiB) fits only in V's
+  // span (the hole and V, 768 KiB), and the pool lacks 256 KiB for V. No
+  // free chunk lies outside the span, but the request leaves 256 KiB of it:
+  // T1 and T2 come back into the hole's low end, V leaves, and R gets V's
+  // chunk. Without the span's free chunks counted (checked by hand) R is
+  // out of memory.
+  constexpr size_t kK = 1024;
+  Fixture f(1 * kMiB, 512 * kK, /*lms=*/true, false, false, 0,
+            /*allow_growth=*/false);
+  Status s;
+  std::vector<Buffer*> small;
+  for (int i = 0; i < 4; ++i) {
+    small.push_back(f.engine_->AllocateBuffer(128 * kK, false, &s));
+  }
+  Buffer* v = f.engine_->AllocateBuffer(512 * kK, false, &s);
+  EXPECT_OK(s);
+  std::vector<std::pair<Buffer*, std::string>> kept;
+  for (Buffer* x : {small[0], small[1], small[2], small[3], v}) {
+    const size_t size = x == v ? 512 * kK : 128 * kK;
+    kept.emplace_back(x, Pattern(size, static_cast<uint32_t>(kept.size())));
+    EXPECT_OK(f.engine_->WriteBuffer(x, 0, kept.back().second.data(), size));
+  }
+  void* at[4] = {};
+  for (int i : {0, 1}) EXPECT_OK(f.engine_->Pin(small[i], &at[i]));
+  void* pv = nullptr;
+  EXPECT_OK(f.engine_->Pin(v, &pv));
+  EXPECT(static_cast<char*>(pv) == static_cast<char*>(at[0]) + 512 * kK);
+  Buffer* w = f.engine_->AllocateBuffer(256 * kK, true, &s);  // T1, T2 leave
+  EXPECT_OK(s);
+  void* pw = nullptr;
+  EXPECT_OK(f.engine_->Pin(w, &pw));
+  EXPECT(static_cast<char*>(pw) == static_cast<char*>(at[0]) + 256 * kK);
+  EXPECT_OK(f.engine_->Unpin(w));
+  EXPECT_OK(f.engine_->Unpin(w));
+  EXPECT_OK(f.engine_->FreeBuffer(w));
+  EXPECT(f.engine_->GetStats().current_bytes_reclaimed ==
+         static_cast<int64_t>(256 * kK));
+  EXPECT_OK(f.engine_->Unpin(v));
+  Buffer* r = f.engine_->AllocateBuffer(512 * kK, true, &s);
+  EXPECT_OK(s);
+  const EngineStats st = f.engine_->GetStats();
+  EXPECT(st.num_host_exchanges == 1);
+  EXPECT(st.bytes_host_exchanged == static_cast<int64_t>(256 * kK));
+  EXPECT(st.current_bytes_reclaimed == static_cast<int64_t>(512 * kK));
+  void* pr = nullptr;
+  EXPECT_OK(f.engine_->Pin(r, &pr));
+  EXPECT(pr == pv);
+  for (int i : {2, 3}) {
+    EXPECT_OK(f.engine_->Pin(small[i], &at[i]));
+    EXPECT_OK(f.engine_->Unpin(small[i]));
+  }
+  // Both in the hole, below V's chunk.
+  for (int i : {2, 3}) {
+    EXPECT(static_cast<char*>(at[i]) >= static_cast<char*>(at[0]) + 256 * kK);
+    EXPECT(static_cast<char*>(at[i]) < static_cast<char*>(pv));
+  }
+  EXPECT_OK(f.engine_->Unpin(r));
+  EXPECT_OK(f.engine_->Unpin(r));
+  EXPECT_OK(f.engine_->FreeBuffer(r));
+  for (int i : {0, 1}) EXPECT_OK(f.engine_->Unpin(small[i]));
+  for (auto& [x, pattern] : kept) EXPECT(Holds(f.engine_.get(), x, pattern));
+  for (auto& [x, pattern] : kept) EXPECT_OK(f.engine_->FreeBuffer(x));
+  EXPECT_OK(f.engine_->CheckInvariants());
+}
+
+TEST(APageInWithNoRoomInEitherMemorySwapsPlacesWithAVictim) {
+  // On a 1 MiB device: V 512 KiB inactive, P 256 KiB pinned, 256 KiB free;
+  // X (512 KiB) on the host, which it fills (512 KiB). The two memories
+  // together have 256 KiB free, less than X: no whole copy brings X in,
+  // since V cannot leave until X's host copy is freed, which needs X in.
+  // Pinning X trades the two through the free 256 KiB, in two pieces: X
+  // ends in V's chunk and V in X's host allocation (checked byte for byte;
+  // verify_moves also compares both inside the engine). Pinning V back
+  // swaps them again. With a 1 MiB pool V simply leaves, and no swap runs.
+  constexpr size_t kK = 1024;
+  for (size_t host : {512 * kK, 1 * kMiB}) {
+    Fixture f(1 * kMiB, host, /*lms=*/true, false, false, 0,
+              /*allow_growth=*/false);
+    Status s;
+    Buffer* x = f.engine_->AllocateBuffer(512 * kK, false, &s);
+    Buffer* p = f.engine_->AllocateBuffer(256 * kK, true, &s);
+    EXPECT_OK(s);
+    const std::string px = Pattern(512 * kK, 1);
+    const std::string pp = Pattern(256 * kK, 2);
+    const std::string pv = Pattern(512 * kK, 3);
+    EXPECT_OK(f.engine_->WriteBuffer(x, 0, px.data(), px.size()));
+    EXPECT_OK(f.engine_->WriteBuffer(p, 0, pp.data(), pp.size()));
+    // V's room is X's: X leaves for the host.
+    Buffer* v = f.engine_->AllocateBuffer(512 * kK, true, &s);
+    EXPECT_OK(s);
+    EXPECT_OK(f.engine_->WriteBuffer(v, 0, pv.data(), pv.size()));
+    void* v_at = nullptr;
+    EXPECT_OK(f.engine_->Pin(v, &v_at));
+    EXPECT_OK(f.engine_->Unpin(v));
+    EXPECT_OK(f.engine_->Unpin(v));
+    EXPECT(f.engine_->GetStats().current_bytes_reclaimed ==
+           static_cast<int64_t>(512 * kK));
+
+    void* x_at = nullptr;
+    EXPECT_OK(f.engine_->Pin(x, &x_at));
+    EngineStats st = f.engine_->GetStats();
+    EXPECT(st.num_ooms == 0);
+    EXPECT(x_at == v_at);  // V's chunk, in both cases
+    if (host == 512 * kK) {
+      EXPECT(st.num_swaps_in_place == 1);
+      EXPECT(st.bytes_swapped_in_place == static_cast<int64_t>(512 * kK));
+    } else {
+      EXPECT(st.num_swaps_in_place == 0);
+    }
+    EXPECT(Holds(f.engine_.get(), x, px));
+    EXPECT_OK(f.engine_->Unpin(x));
+    // And back: V comes in where X is.
+    void* v_again = nullptr;
+    EXPECT_OK(f.engine_->Pin(v, &v_again));
+    EXPECT(v_again == v_at);
+    st = f.engine_->GetStats();
+    EXPECT(st.num_swaps_in_place == (host == 512 * kK ? 2 : 0));
+    EXPECT(Holds(f.engine_.get(), v, pv));
+    EXPECT_OK(f.engine_->Unpin(v));
+    EXPECT(Holds(f.engine_.get(), p, pp));
+    EXPECT(Holds(f.engine_.get(), x, px));
+    EXPECT_OK(f.engine_->Unpin(p));
+    for (Buffer* b : {x, p, v}) EXPECT_OK(f.engine_->FreeBuffer(b));
+    EXPECT_OK(f.engine_->CheckInvariants());
+  }
+}
+
 TEST(WithTheHostFullBuffersSlideDownToJoinTheHoles) {
   // A 256, B 256 and C 192 KiB are inactive on a 1 MiB device, with holes of
   // 160 KiB between them: 320 KiB free, none of it in one piece large

@@ -81,6 +81,11 @@ struct EngineStats {
   // pool could take a victim (exchange.cc), and the bytes brought back.
   int64_t num_host_exchanges = 0;
   int64_t bytes_host_exchanged = 0;
+  // Page-ins for which neither memory had room, done by trading places with
+  // a victim of the same size through a staging piece of free device
+  // memory (swap.cc), and the bytes that came in.
+  int64_t num_swaps_in_place = 0;
+  int64_t bytes_swapped_in_place = 0;
 
   // --- prefetch ---
   int64_t num_prefetches = 0;        // page-ins issued ahead of use
