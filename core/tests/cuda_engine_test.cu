@@ -243,6 +243,58 @@ void SlideWithTheHostFull(CudaDevice* device) {
              std::to_string(corrupt) + " corrupt");
 }
 
+void SwapInPlace(CudaDevice* device) {
+  // X (512 KiB) on the host fills the 512 KiB pool; V 512 KiB inactive and
+  // P 256 KiB pinned on the 1 MiB device, 256 KiB free. No whole copy
+  // brings X in; pinning X trades it with V through the free 256 KiB (two
+  // pieces of device-to-device, host-to-device and device-to-host copies,
+  // in order on the compute stream). Then pinning V swaps them back. Every
+  // byte of X, V and P is read back.
+  constexpr size_t kK = 1024;
+  const char* name = "swap in place";
+  EngineOptions options = OneRegionOptions(512 * kK);
+  options.verify_moves = true;
+  Engine engine(device, options);
+  Status status = engine.Init();
+  if (!status.ok()) return Report(name, false, status.ToString());
+  Buffer* x = engine.AllocateBuffer(512 * kK, false, &status);
+  Buffer* p = x != nullptr ? engine.AllocateBuffer(256 * kK, true, &status) : nullptr;
+  if (p == nullptr) return Report(name, false, status.ToString());
+  std::vector<std::string> data;
+  for (size_t size : {512 * kK, 256 * kK, 512 * kK}) {
+    data.emplace_back(size, '\0');
+    for (size_t i = 0; i < size; ++i) data.back()[i] = static_cast<char>(i * 131 + data.size());
+  }
+  int corrupt = 0;
+  if (!engine.WriteBuffer(x, 0, data[0].data(), data[0].size()).ok()) ++corrupt;
+  if (!engine.WriteBuffer(p, 0, data[1].data(), data[1].size()).ok()) ++corrupt;
+  Buffer* v = engine.AllocateBuffer(512 * kK, false, &status);  // X leaves
+  if (v == nullptr) return Report(name, false, status.ToString());
+  if (!engine.WriteBuffer(v, 0, data[2].data(), data[2].size()).ok()) ++corrupt;
+  void* ptr = nullptr;
+  Status pin_x = engine.Pin(x, &ptr);
+  if (pin_x.ok()) engine.Unpin(x);
+  Status pin_v = engine.Pin(v, &ptr);
+  if (pin_v.ok()) engine.Unpin(v);
+  std::string got;
+  Buffer* const all[] = {x, p, v};
+  for (size_t i = 0; i < 3; ++i) {
+    got.assign(data[i].size(), '\0');
+    if (!engine.ReadBuffer(all[i], 0, &got[0], got.size()).ok() || got != data[i]) ++corrupt;
+  }
+  const EngineStats st = engine.GetStats();
+  engine.Unpin(p);
+  const bool invariants_ok = engine.CheckInvariants().ok();
+  for (Buffer* b : all) engine.FreeBuffer(b);
+  Report(name,
+         pin_x.ok() && pin_v.ok() && st.num_swaps_in_place >= 2 && corrupt == 0 &&
+             invariants_ok,
+         (pin_x.ok() && pin_v.ok() ? std::string("both pins fit")
+                                   : "pin failed: " + (pin_x.ok() ? pin_v : pin_x).ToString()) +
+             ", " + std::to_string(st.num_swaps_in_place) + " swaps, " +
+             std::to_string(corrupt) + " corrupt");
+}
+
 void FixedAddressRoundTrip(CudaDevice* device) {
   if (device->VmGranularity() == 0) {
     std::printf("fixed-address round trip skipped: no CUDA VMM here\n");
@@ -361,6 +413,7 @@ int main() {
   ScatteredHostCopy(device.get());
   GatheredGroup(device.get());
   SlideWithTheHostFull(device.get());
+  SwapInPlace(device.get());
   FixedAddressRoundTrip(device.get());
   Workload(device.get(), stream, "workload, on demand", false, false, false);
   Workload(device.get(), stream, "workload, prefetch", true, false, false);
