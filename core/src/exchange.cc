@@ -55,6 +55,21 @@ struct Hole {
   bool downward = false;  // filled from its top: the victim lies below
 };
 
+// [lo, hi): in-use chunk `h` and its free neighbours.
+std::pair<const char*, const char*> SpanOf(const BfcArena& arena,
+                                           BfcArena::ChunkHandle h) {
+  const BfcArena::Chunk* c = arena.chunk(h);
+  const char* lo = c->ptr;
+  const char* hi = c->ptr + c->size;
+  if (c->prev != BfcArena::kInvalidChunk && !arena.chunk(c->prev)->in_use()) {
+    lo = arena.chunk(c->prev)->ptr;
+  }
+  if (c->next != BfcArena::kInvalidChunk && !arena.chunk(c->next)->in_use()) {
+    hi += arena.chunk(c->next)->size;
+  }
+  return {lo, hi};
+}
+
 }  // namespace
 
 bool Engine::Impl::ExchangeForVictimLocked(std::unique_lock<std::mutex>& lock,
@@ -98,17 +113,12 @@ bool Engine::Impl::ExchangeForVictimLocked(std::unique_lock<std::mutex>& lock,
   std::vector<std::pair<size_t, Buffer*>> victims;
   for (Buffer* b = lru_head_; b != nullptr; b = b->lru_next) {
     if (!Reclaimable(b)) continue;
-    const BfcArena::Chunk* c = arena_->chunk(b->chunk);
-    size_t span = c->size;
-    if (c->prev != BfcArena::kInvalidChunk &&
-        !arena_->chunk(c->prev)->in_use()) {
-      span += arena_->chunk(c->prev)->size;
+    const auto [lo, hi] = SpanOf(*arena_, b->chunk);
+    const size_t chunk_size = arena_->chunk(b->chunk)->size;
+    if (static_cast<size_t>(hi - lo) < rounded ||
+        in_use - chunk_size + rounded > lms_limit_) {
+      continue;
     }
-    if (c->next != BfcArena::kInvalidChunk &&
-        !arena_->chunk(c->next)->in_use()) {
-      span += arena_->chunk(c->next)->size;
-    }
-    if (span < rounded || in_use - c->size + rounded > lms_limit_) continue;
     const size_t next = learned ? NextUse(b) : 0;
     if (learned && protect_until != 0 && next <= protect_until) continue;
     victims.emplace_back(next, b);
@@ -126,16 +136,11 @@ bool Engine::Impl::ExchangeForVictimLocked(std::unique_lock<std::mutex>& lock,
     const size_t lacking = want - host_free;
 
     const BfcArena::Chunk* vc = arena_->chunk(victim->chunk);
-    const char* span_lo = vc->ptr;
-    const char* span_hi = vc->ptr + vc->size;
-    if (vc->prev != BfcArena::kInvalidChunk &&
-        !arena_->chunk(vc->prev)->in_use()) {
-      span_lo = arena_->chunk(vc->prev)->ptr;
-    }
-    if (vc->next != BfcArena::kInvalidChunk &&
-        !arena_->chunk(vc->next)->in_use()) {
-      span_hi += arena_->chunk(vc->next)->size;
-    }
+    // Not structured bindings: the lambda below captures them (C++17).
+    const std::pair<const char*, const char*> span =
+        SpanOf(*arena_, victim->chunk);
+    const char* const span_lo = span.first;
+    const char* const span_hi = span.second;
     // The span's free chunks may take what the request leaves of them, at
     // their far ends: the low end of the one below the victim, the high end
     // of the one above.
