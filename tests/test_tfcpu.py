@@ -393,6 +393,33 @@ def test_with_the_host_full_tensors_slide_together_inside_tensorflow(mode: str) 
     assert stats["num_ooms"] == 0, stats
 
 
+@pytest.mark.parametrize("mode", ["lms", "defrag"])
+def test_with_both_memories_full_tensors_are_exchanged_and_swapped_inside_tensorflow(
+    mode: str,
+) -> None:
+    # A 512 KiB host side holds three 128 KiB tensors when a real Tile's 512 KiB output
+    # fits only in an inactive tensor's chunk, which the host cannot take: the three
+    # come back into free device memory the output cannot use, and the tensor leaves
+    # (an exchange, core/src/exchange.cc). Reading that tensor back finds neither
+    # memory with room for it: it trades places with the Tile's output through the
+    # free bytes (a swap in place, core/src/swap.cc), and back again for the next read.
+    # Every pin is verified and every value bit-identical to stock; without the two
+    # steps the Tile or the first read is an out-of-memory error. The host's peak
+    # counts the allocation the swapped pair share once (it counted it twice before).
+    # Fixed-address mode runs out of memory here: it exchanges nothing, and the Tile's
+    # virtual chunk, left unsplit as TensorFlow's BFC would, asks for 832 KiB of pages.
+    stock = stock_output("host_exchange")
+    result = run_case("host_exchange", mode)
+    assert program_output(result) == {**stock, "moved": result["moved"]}
+    exchanges, swaps, ooms = result["moved"]
+    assert exchanges == 1 and swaps >= 2 and ooms == 0, result["moved"]
+    stats = result["stats"]
+    assert stats["bytes_host_exchanged"] >= 3 * 128 * 1024, stats
+    assert stats["bytes_swapped_in_place"] >= 2 * 512 * 1024, stats
+    assert stats["peak_bytes_reclaimed"] <= stats["host_bytes_limit"], stats
+    assert stats["host_peak_bytes_in_use"] <= stats["host_bytes_limit"], stats
+
+
 def test_page_out_scattered_over_a_fragmented_host_side_keeps_values() -> None:
     # A 1 MiB host side whose free bytes are two holes of 400 and 424 KiB: a 700 KiB
     # tensor's page-out is copied in two pieces and paged back in from them, inside

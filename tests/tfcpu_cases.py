@@ -47,6 +47,7 @@ DEVICE_MEMORY = {
     "padding": "24MiB",
     "host_pieces": "8MiB",
     "host_full": "4544KiB",
+    "host_exchange": "1280KiB",
     "list_stack": "1MiB",
     "array_gather": "1MiB",
     "concat": "1MiB",
@@ -54,7 +55,11 @@ DEVICE_MEMORY = {
 
 # Host memory for reclaimed bytes per case (TF_GPU_HOST_MEM_LIMIT_IN_MB's role): 1 GiB,
 # more than any case needs, except where the case is about the host side.
-HOST_MEMORY: dict[str, str] = {"host_pieces": "1MiB", "host_full": "512KiB"}
+HOST_MEMORY: dict[str, str] = {
+    "host_pieces": "1MiB",
+    "host_full": "512KiB",
+    "host_exchange": "512KiB",
+}
 
 
 def _setup(case: str, mode: str) -> Any:
@@ -684,6 +689,37 @@ def host_full(tf: Any) -> dict[str, Any]:
     return {"values": _hex(values)}
 
 
+def host_exchange(tf: Any) -> dict[str, Any]:
+    # Both memories nearly full (core/src/exchange.cc, swap.cc). s1-s3 (384 KiB) go to
+    # the 512 KiB host side; v (512 KiB) and p (128 KiB) take their place at the bottom
+    # of the device, below about 448 KiB free. Tiling p into 512 KiB fits only in v's
+    # chunk, and the host cannot take v: s1-s3 come back into the free top, which frees
+    # their host copies, and v leaves (an exchange). Reading v back then finds neither
+    # memory with room for it: it trades places with the tiled tensor, in pieces
+    # through the free bytes (a swap in place). Without either this is an
+    # out-of-memory error.
+    import tflms.tfcpu as tc
+
+    lms = tc.enabled() and "num_host_exchanges" in tc.stats()
+    kib = 256  # float32 elements per KiB
+    s = [tf.fill([128 * kib], float(i + 1)) for i in range(3)]
+    if lms:
+        tc.reclaim_inactive()
+    # Room for the reductions' outputs, freed once the tile has run.
+    spare = [tf.fill([16 * kib], 0.0) for _ in range(4)]
+    v = tf.range(512 * kib, dtype=tf.float32)
+    p = tf.range(128 * kib, dtype=tf.float32) * 0.25
+    tiled = tf.tile(p, [4])
+    del spare
+    values = [tf.reduce_sum(x) for x in (tiled, *s, v, p)]
+    values += [tiled[-1], v[12345], v[-1]]
+    moved = None
+    if lms:
+        st = tc.stats()
+        moved = [st[k] for k in ("num_host_exchanges", "num_swaps_in_place", "num_ooms")]
+    return {"values": _hex(values), "moved": moved}
+
+
 CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "cnn": cnn,
     "rnn": rnn,
@@ -707,6 +743,7 @@ CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "padding": padding,
     "host_pieces": host_pieces,
     "host_full": host_full,
+    "host_exchange": host_exchange,
     "list_stack": list_stack,
     "array_gather": array_gather,
     "concat": concat,

@@ -388,6 +388,19 @@ void BfcArena::Reown(ChunkHandle h, size_t requested, void* owner) {
   if (owner != nullptr) owned_padding_ += c->size - RoundedBytes(requested);
 }
 
+std::pair<const char*, const char*> BfcArena::SpanOf(ChunkHandle h) const {
+  const Chunk* c = chunk(h);
+  const char* lo = c->ptr;
+  const char* hi = c->ptr + c->size;
+  if (c->prev != kInvalidChunk && !chunk(c->prev)->in_use()) {
+    lo = chunk(c->prev)->ptr;
+  }
+  if (c->next != kInvalidChunk && !chunk(c->next)->in_use()) {
+    hi += chunk(c->next)->size;
+  }
+  return {lo, hi};
+}
+
 BfcArena::ChunkHandle BfcArena::FindFreeChunkOutside(size_t rounded,
                                                      const char* lo,
                                                      const char* hi) const {

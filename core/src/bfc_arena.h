@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <set>
+#include <utility>
 #include <vector>
 
 namespace tflms {
@@ -125,6 +126,9 @@ class BfcArena {
   // chunk whose bytes it already holds (swap.cc). `requested` must round to
   // at most the chunk's size.
   void Reown(ChunkHandle h, size_t requested, void* owner);
+  // [first, second): chunk `h` with its free neighbours, the room its
+  // chunk becomes once freed (coalesced as FreeChunk would).
+  std::pair<const char*, const char*> SpanOf(ChunkHandle h) const;
   // Smallest free chunk of at least `rounded` bytes lying wholly outside
   // [lo, hi). kInvalidChunk if none.
   ChunkHandle FindFreeChunkOutside(size_t rounded, const char* lo,

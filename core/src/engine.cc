@@ -159,7 +159,8 @@ bool Engine::Impl::RejectLargerThanDevice(size_t bytes, Status* status) {
 
 BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
     std::unique_lock<std::mutex>& lock, size_t bytes, Buffer* owner,
-    AllocSource max_source, Status* status, size_t protect_until) {
+    AllocSource max_source, Status* status, size_t protect_until,
+    bool count_oom) {
   if (fixed_) {
     return AllocateChunkFixed(lock, bytes, owner, max_source, status,
                               protect_until);
@@ -348,7 +349,9 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
   }
   // A prefetch that finds no room without costly reclaims gives up; that is
   // not an out-of-memory anyone sees.
-  if (max_source >= AllocSource::kFullReclaim) ++counters_.num_ooms;
+  if (count_oom && max_source >= AllocSource::kFullReclaim) {
+    ++counters_.num_ooms;
+  }
   *status = ResourceExhausted(OutOfMemoryMessage(bytes, rounded, host_status));
   return BfcArena::kInvalidChunk;
 }

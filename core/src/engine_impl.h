@@ -164,10 +164,14 @@ class Engine::Impl {
   // Called with `lock` held; may release and retake it while copying.
   // A single-reclaim victim must not be needed at or before pin position
   // `protect_until` of the learned step order (0: no constraint).
+  // A failure at kFullReclaim is counted in num_ooms unless `count_oom` is
+  // false: PageIn has a last resort of its own (swap.cc) and counts only
+  // once that fails too.
   BfcArena::ChunkHandle AllocateChunk(std::unique_lock<std::mutex>& lock,
                                       size_t bytes, Buffer* owner,
                                       AllocSource max_source, Status* status,
-                                      size_t protect_until = 0);
+                                      size_t protect_until = 0,
+                                      bool count_oom = true);
   // Frees the chunk and buffer bookkeeping of a buffer that is settled.
   void DestroyBufferLocked(Buffer* b);
 
@@ -274,6 +278,12 @@ class Engine::Impl {
   // Choose victims for a request of `rounded` bytes; empty if none.
   std::vector<Buffer*> ChooseSingleVictim(size_t rounded,
                                           size_t protect_until);
+  // Whether `b` may be the single victim for `rounded` bytes: reclaimable,
+  // its span (BfcArena::SpanOf) holds the request, and, under an LMS limit
+  // below the device size, freeing it brings the bytes in use (`in_use`)
+  // back under the limit. The exchange (exchange.cc) takes its victims by
+  // the same test.
+  bool SingleVictimHolds(const Buffer* b, size_t rounded, size_t in_use) const;
   std::vector<Buffer*> ChooseFragmentVictims(size_t rounded);
   std::vector<Buffer*> ChooseAllInactive();
   bool Reclaimable(const Buffer* b) const;

@@ -55,21 +55,6 @@ struct Hole {
   bool downward = false;  // filled from its top: the victim lies below
 };
 
-// [lo, hi): in-use chunk `h` and its free neighbours.
-std::pair<const char*, const char*> SpanOf(const BfcArena& arena,
-                                           BfcArena::ChunkHandle h) {
-  const BfcArena::Chunk* c = arena.chunk(h);
-  const char* lo = c->ptr;
-  const char* hi = c->ptr + c->size;
-  if (c->prev != BfcArena::kInvalidChunk && !arena.chunk(c->prev)->in_use()) {
-    lo = arena.chunk(c->prev)->ptr;
-  }
-  if (c->next != BfcArena::kInvalidChunk && !arena.chunk(c->next)->in_use()) {
-    hi += arena.chunk(c->next)->size;
-  }
-  return {lo, hi};
-}
-
 }  // namespace
 
 bool Engine::Impl::ExchangeForVictimLocked(std::unique_lock<std::mutex>& lock,
@@ -112,13 +97,7 @@ bool Engine::Impl::ExchangeForVictimLocked(std::unique_lock<std::mutex>& lock,
   const size_t in_use = arena_->bytes_in_use();
   std::vector<std::pair<size_t, Buffer*>> victims;
   for (Buffer* b = lru_head_; b != nullptr; b = b->lru_next) {
-    if (!Reclaimable(b)) continue;
-    const auto [lo, hi] = SpanOf(*arena_, b->chunk);
-    const size_t chunk_size = arena_->chunk(b->chunk)->size;
-    if (static_cast<size_t>(hi - lo) < rounded ||
-        in_use - chunk_size + rounded > lms_limit_) {
-      continue;
-    }
+    if (!SingleVictimHolds(b, rounded, in_use)) continue;
     const size_t next = learned ? NextUse(b) : 0;
     if (learned && protect_until != 0 && next <= protect_until) continue;
     victims.emplace_back(next, b);
@@ -138,7 +117,7 @@ bool Engine::Impl::ExchangeForVictimLocked(std::unique_lock<std::mutex>& lock,
     const BfcArena::Chunk* vc = arena_->chunk(victim->chunk);
     // Not structured bindings: the lambda below captures them (C++17).
     const std::pair<const char*, const char*> span =
-        SpanOf(*arena_, victim->chunk);
+        arena_->SpanOf(victim->chunk);
     const char* const span_lo = span.first;
     const char* const span_hi = span.second;
     // The span's free chunks may take what the request leaves of them, at

@@ -26,6 +26,14 @@ bool Engine::Impl::Reclaimable(const Buffer* b) const {
          b->pin_count == 0 && !b->unmovable && !b->free_requested;
 }
 
+bool Engine::Impl::SingleVictimHolds(const Buffer* b, size_t rounded,
+                                     size_t in_use) const {
+  if (!Reclaimable(b)) return false;
+  const auto [lo, hi] = arena_->SpanOf(b->chunk);
+  if (static_cast<size_t>(hi - lo) < rounded) return false;
+  return in_use - arena_->chunk(b->chunk)->size + rounded <= lms_limit_;
+}
+
 std::vector<Buffer*> Engine::Impl::ChooseSingleVictim(size_t rounded,
                                                      size_t protect_until) {
   // Without a learned step order: the least recently used fitting buffer.
@@ -37,19 +45,7 @@ std::vector<Buffer*> Engine::Impl::ChooseSingleVictim(size_t rounded,
   Buffer* best = nullptr;
   size_t best_next = 0;
   for (Buffer* b = lru_head_; b != nullptr; b = b->lru_next) {
-    if (!Reclaimable(b)) continue;
-    const BfcArena::Chunk* c = arena_->chunk(b->chunk);
-    size_t span = c->size;
-    if (c->prev != BfcArena::kInvalidChunk && !arena_->chunk(c->prev)->in_use()) {
-      span += arena_->chunk(c->prev)->size;
-    }
-    if (c->next != BfcArena::kInvalidChunk && !arena_->chunk(c->next)->in_use()) {
-      span += arena_->chunk(c->next)->size;
-    }
-    // Under an LMS limit below the device size, the victim must also bring
-    // the bytes in use back under the limit.
-    const bool under_limit = in_use - c->size + rounded <= lms_limit_;
-    if (span < rounded || !under_limit) continue;
+    if (!SingleVictimHolds(b, rounded, in_use)) continue;
     if (!learned) return {b};
     const size_t next = NextUse(b);
     if (protect_until != 0 && next <= protect_until) continue;

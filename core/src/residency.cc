@@ -521,15 +521,14 @@ Status Engine::Impl::PageIn(std::unique_lock<std::mutex>& lock, Buffer* b,
     CountSource(AllocSource::kFree);
     AddChunkBytes(b, static_cast<int64_t>(arena_->chunk(h)->size));
   } else {
-    h = AllocateChunk(lock, b->size, b, max_source, &status, protect_until);
+    h = AllocateChunk(lock, b->size, b, max_source, &status, protect_until,
+                      /*count_oom=*/false);
     if (h == BfcArena::kInvalidChunk && max_source == AllocSource::kFullReclaim &&
         status.code() == Code::kResourceExhausted) {
       // Neither memory had room: trade places with a victim (swap.cc).
       Status swapped = SwapInLocked(lock, b);
-      if (swapped.ok()) {
-        --counters_.num_ooms;  // counted by AllocateChunk, yet averted
-        return swapped;
-      }
+      if (swapped.ok()) return swapped;
+      ++counters_.num_ooms;
       if (swapped.code() != Code::kResourceExhausted) status = swapped;
     }
   }

@@ -176,7 +176,9 @@ Status Engine::Impl::SwapInLocked(std::unique_lock<std::mutex>& lock,
   const size_t chunk_size = arena_->chunk(vchunk)->size;
   AddChunkBytes(v, -static_cast<int64_t>(chunk_size));
   v->device_ptr = nullptr;
-  const int64_t x_host_bytes = static_cast<int64_t>(x->host_bytes);
+  // x's host bytes leave the count before v's join it: the two share one
+  // host allocation, and the peak must not count it twice.
+  counters_.current_bytes_reclaimed -= static_cast<int64_t>(x->host_bytes);
   CompletePageOutLocked(v, const_cast<void*>(host), /*copied=*/true);
   ++counters_.num_single_reclaims;
   if (options_.prefetch_enabled) NoteVictimLocked(v);
@@ -185,7 +187,6 @@ Status Engine::Impl::SwapInLocked(std::unique_lock<std::mutex>& lock,
   x->chunk = vchunk;
   x->device_ptr = vptr;
   AddChunkBytes(x, static_cast<int64_t>(chunk_size));
-  counters_.current_bytes_reclaimed -= x_host_bytes;
   x->host_ptr = nullptr;
   x->host_bytes = 0;
   x->ready.reset();

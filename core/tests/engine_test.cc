@@ -1019,6 +1019,8 @@ TEST(APageInWithNoRoomInEitherMemorySwapsPlacesWithAVictim) {
     if (host == 512 * kK) {
       EXPECT(st.num_swaps_in_place == 1);
       EXPECT(st.bytes_swapped_in_place == static_cast<int64_t>(512 * kK));
+      // X and V shared one host allocation: counted once at the peak.
+      EXPECT(st.peak_bytes_reclaimed == static_cast<int64_t>(512 * kK));
     } else {
       EXPECT(st.num_swaps_in_place == 0);
     }
@@ -1038,6 +1040,43 @@ TEST(APageInWithNoRoomInEitherMemorySwapsPlacesWithAVictim) {
     for (Buffer* b : {x, p, v}) EXPECT_OK(f.engine_->FreeBuffer(b));
     EXPECT_OK(f.engine_->CheckInvariants());
   }
+}
+
+TEST(APageInThatNoSwapCanServeIsOneOutOfMemory) {
+  // The swap test's layout, with V still pinned when X is: no victim can
+  // trade places with X, so its page-in fails. That is one out-of-memory
+  // error, counted once the swap has failed too (not by the ladder before
+  // it, and not undone after it), and X stays on the host, whole.
+  constexpr size_t kK = 1024;
+  Fixture f(1 * kMiB, 512 * kK, /*lms=*/true, false, false, 0,
+            /*allow_growth=*/false);
+  Status s;
+  Buffer* x = f.engine_->AllocateBuffer(512 * kK, false, &s);
+  Buffer* p = f.engine_->AllocateBuffer(256 * kK, true, &s);
+  EXPECT_OK(s);
+  const std::string px = Pattern(512 * kK, 1);
+  EXPECT_OK(f.engine_->WriteBuffer(x, 0, px.data(), px.size()));
+  Buffer* v = f.engine_->AllocateBuffer(512 * kK, true, &s);  // X leaves
+  EXPECT_OK(s);
+  EXPECT(f.engine_->GetStats().current_bytes_reclaimed ==
+         static_cast<int64_t>(512 * kK));
+  void* x_at = nullptr;
+  s = f.engine_->Pin(x, &x_at);
+  EXPECT(s.code() == Code::kResourceExhausted);
+  const EngineStats st = f.engine_->GetStats();
+  EXPECT(st.num_ooms == 1);
+  EXPECT(st.num_swaps_in_place == 0);
+  EXPECT(st.current_bytes_reclaimed == static_cast<int64_t>(512 * kK));
+  // Once V is no longer pinned, the same page-in swaps.
+  EXPECT_OK(f.engine_->Unpin(v));
+  EXPECT_OK(f.engine_->Pin(x, &x_at));
+  EXPECT(f.engine_->GetStats().num_swaps_in_place == 1);
+  EXPECT(f.engine_->GetStats().num_ooms == 1);
+  EXPECT(Holds(f.engine_.get(), x, px));
+  EXPECT_OK(f.engine_->Unpin(x));
+  EXPECT_OK(f.engine_->Unpin(p));
+  for (Buffer* b : {x, p, v}) EXPECT_OK(f.engine_->FreeBuffer(b));
+  EXPECT_OK(f.engine_->CheckInvariants());
 }
 
 TEST(WithTheHostFullBuffersSlideDownToJoinTheHoles) {
