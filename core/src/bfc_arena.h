@@ -115,6 +115,12 @@ class BfcArena {
   // placement keeps the room it chose). kInvalidChunk otherwise.
   ChunkHandle TakeFreeRange(const char* lo, size_t rounded, size_t requested,
                             void* owner);
+  // As TakeFreeRange, and also where [lo, lo + rounded) lies strictly
+  // inside a free chunk: the part below it stays a free chunk of its own.
+  // For destinations planned before the chunks around them were freed and
+  // merged (due_group.cc). `lo` must be 256-byte aligned.
+  ChunkHandle TakeFreeRangeInside(const char* lo, size_t rounded,
+                                  size_t requested, void* owner);
   // `below` and `h` are adjacent in-use chunks, `below` first. Moves `h`'s
   // allocation (size, request, id, owner) to the start of `below`, and
   // `below`'s to the rest of the pair, which `h` then names: the caller

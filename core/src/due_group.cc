@@ -374,17 +374,24 @@ bool Engine::Impl::MoveDueGroupLocked(
     }
     // Another thread may have pinned, freed or paged it meanwhile.
     if (m->free_requested || m->pin_count > 0) continue;
+    // The destination was planned against the chunks as they were; those
+    // paged out since, this member's own included, may have merged with
+    // free chunks around it, leaving it inside one. UNet3D at 480^3 on the
+    // A100-80 at lookahead 64 planned an up0 concat input's move to the
+    // window's end (step 5); taken only at a free chunk's end, the member
+    // stayed on the host, its pin paged it in 23 GiB from the other input,
+    // and the 26.4 GiB output found no gap with 54.8 GB free.
     if (m->state == BufferState::kResident) {
       if (!Movable(m)) continue;
       BfcArena::ChunkHandle h =
-          arena_->TakeFreeRange(dest, rounded, m->size, m);
+          arena_->TakeFreeRangeInside(dest, rounded, m->size, m);
       if (h == BfcArena::kInvalidChunk) continue;
       size_t moved = 0;
       if (!MoveBuffers(lock, {{m, h}}, &moved).ok() || moved == 0) continue;
     } else if (m->state == BufferState::kReclaimed) {
       if (arena_->bytes_in_use() + rounded > lms_limit_) continue;
       BfcArena::ChunkHandle h =
-          arena_->TakeFreeRange(dest, rounded, m->size, m);
+          arena_->TakeFreeRangeInside(dest, rounded, m->size, m);
       if (h == BfcArena::kInvalidChunk) continue;
       if (!PageIn(lock, m, /*for_prefetch=*/false, 0, false, h).ok()) continue;
       CountPageInAtPinLocked(m);  // its kernel waits for this copy

@@ -187,6 +187,47 @@ TEST(ArenaVisitsTheChunksInUseThatOverlapARange) {
   for (int i : {0, 1, 3, 4, 5}) arena.FreeChunk(h[i], 0);
 }
 
+TEST(ArenaTakesARangeInsideAFreeChunkOnlyWhenAskedTo) {
+  // A 24 KiB free chunk between two in-use ones. TakeFreeRange takes a
+  // range only at one of its ends; TakeFreeRangeInside also takes one in
+  // its middle, leaving free chunks below and above, which merge back when
+  // the range is freed.
+  HostBlocks blocks;
+  BfcArena::Options options;
+  options.memory_limit = 64 * 1024;
+  options.split_always = true;
+  BfcArena arena(&blocks, options);
+  EXPECT(arena.Extend(options.memory_limit));
+  std::vector<BfcArena::ChunkHandle> h;
+  for (size_t bytes : {8192, 24576, 8192}) {
+    h.push_back(arena.FindChunk(bytes, bytes, nullptr));
+  }
+  const char* base = arena.chunk(h[1])->ptr;
+  arena.FreeChunk(h[1], 0);
+  const char* mid = base + 8192;
+  EXPECT(arena.TakeFreeRange(mid, 8192, 8192, nullptr) ==
+         BfcArena::kInvalidChunk);
+  const BfcArena::ChunkHandle got =
+      arena.TakeFreeRangeInside(mid, 8192, 8192, nullptr);
+  EXPECT(got != BfcArena::kInvalidChunk);
+  EXPECT(arena.chunk(got)->ptr == mid && arena.chunk(got)->size == 8192);
+  const BfcArena::Chunk* below = arena.chunk(arena.chunk(got)->prev);
+  const BfcArena::Chunk* above = arena.chunk(arena.chunk(got)->next);
+  EXPECT(!below->in_use() && below->ptr == base && below->size == 8192);
+  EXPECT(!above->in_use() && above->ptr == mid + 8192 && above->size == 8192);
+  // Across an in-use chunk: refused, nothing split.
+  EXPECT(arena.TakeFreeRangeInside(base + 4096, 8192, 8192, nullptr) ==
+         BfcArena::kInvalidChunk);
+  // Both free neighbours serve FindChunk again.
+  const BfcArena::ChunkHandle a = arena.FindChunk(8192, 8192, nullptr);
+  const BfcArena::ChunkHandle b = arena.FindChunk(8192, 8192, nullptr);
+  EXPECT(a != BfcArena::kInvalidChunk && b != BfcArena::kInvalidChunk);
+  for (BfcArena::ChunkHandle x : {a, b, got}) arena.FreeChunk(x, 0);
+  arena.FreeChunk(h[0], 0);
+  arena.FreeChunk(h[2], 0);
+  EXPECT(arena.bytes_in_use() == 0);
+}
+
 TEST(OversubscribedWorkingSetKeepsEveryByte) {
   // 8x the device in live buffers; every buffer read back exactly.
   Fixture f(2 * kMiB, 64 * kMiB);
