@@ -153,13 +153,24 @@ class HostBlocks : public SubAllocator {
   void Free(void* ptr, size_t) override { std::free(ptr); }
 };
 
-TEST(ArenaVisitsTheChunksInUseThatOverlapARange) {
+// A 64 KiB arena over host memory, one region, every chunk split to size.
+struct SmallArena {
+  static BfcArena::Options Options() {
+    BfcArena::Options options;
+    options.memory_limit = 64 * 1024;
+    options.split_always = true;
+    return options;
+  }
+  SmallArena() : arena(&blocks, Options()) {
+    EXPECT(arena.Extend(Options().memory_limit));
+  }
   HostBlocks blocks;
-  BfcArena::Options options;
-  options.memory_limit = 64 * 1024;
-  options.split_always = true;
-  BfcArena arena(&blocks, options);
-  EXPECT(arena.Extend(options.memory_limit));
+  BfcArena arena;
+};
+
+TEST(ArenaVisitsTheChunksInUseThatOverlapARange) {
+  SmallArena small;
+  BfcArena& arena = small.arena;
   std::vector<BfcArena::ChunkHandle> h;
   for (int i = 0; i < 6; ++i) {
     h.push_back(arena.FindChunk(4096, 4096, nullptr));
@@ -192,12 +203,8 @@ TEST(ArenaTakesARangeInsideAFreeChunkOnlyWhenAskedTo) {
   // range only at one of its ends; TakeFreeRangeInside also takes one in
   // its middle, leaving free chunks below and above, which merge back when
   // the range is freed.
-  HostBlocks blocks;
-  BfcArena::Options options;
-  options.memory_limit = 64 * 1024;
-  options.split_always = true;
-  BfcArena arena(&blocks, options);
-  EXPECT(arena.Extend(options.memory_limit));
+  SmallArena small;
+  BfcArena& arena = small.arena;
   std::vector<BfcArena::ChunkHandle> h;
   for (size_t bytes : {8192, 24576, 8192}) {
     h.push_back(arena.FindChunk(bytes, bytes, nullptr));
