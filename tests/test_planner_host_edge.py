@@ -37,9 +37,7 @@ def unet_480() -> StepPlan:
 
 @pytest.mark.tf
 def test_prefetch_fits_the_unet_at_the_edge_of_both_memories() -> None:
-    machine = MACHINE
-    plan = unet_480()
-    result = replay(plan, machine.gpu, machine.config(prefetch=True), steps=20)
+    result = replay(unet_480(), MACHINE.gpu, MACHINE.config(prefetch=True), steps=20)
     assert result.fits, f"{result.oom_op}: {result.oom_message}"
     assert result.steps == 20
     # The exchanges are what made room, and the engine counts what they brought back.

@@ -691,13 +691,13 @@ def host_full(tf: Any) -> dict[str, Any]:
 
 def host_exchange(tf: Any) -> dict[str, Any]:
     # Both memories nearly full (core/src/exchange.cc, swap.cc). s1-s3 (384 KiB) go to
-    # the 512 KiB host side; v (512 KiB) and p (128 KiB) take their place at the bottom
-    # of the device, below about 448 KiB free. Tiling p into 512 KiB fits only in v's
-    # chunk, and the host cannot take v: s1-s3 come back into the free top, which frees
-    # their host copies, and v leaves (an exchange). Reading v back then finds neither
-    # memory with room for it: it trades places with the tiled tensor, in pieces
-    # through the free bytes (a swap in place). Without either this is an
-    # out-of-memory error.
+    # the 512 KiB host side; spare tensors, v (512 KiB) and p (128 KiB) take their place
+    # at the bottom of the device, below free chunks none of which holds 512 KiB.
+    # Tiling p into 512 KiB fits only where v lies, and the host cannot take v: s1-s3
+    # come back into the free top, which frees their host copies, and v leaves (an
+    # exchange). Reading v back then finds neither memory with room for it: it trades
+    # places with the tiled tensor, in pieces through the free bytes (a swap in place).
+    # Without either this is an out-of-memory error.
     import tflms.tfcpu as tc
 
     lms = tc.enabled() and "num_host_exchanges" in tc.stats()

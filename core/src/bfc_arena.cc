@@ -368,20 +368,22 @@ BfcArena::ChunkHandle BfcArena::TakeFreeRangeInside(const char* lo,
                                                     size_t rounded,
                                                     size_t requested,
                                                     void* owner) {
-  const ChunkHandle taken = TakeFreeRange(lo, rounded, requested, owner);
-  if (taken != kInvalidChunk) return taken;
   const Region* r = RegionFor(lo);
   if (r == nullptr || lo + rounded > r->end()) return kInvalidChunk;
   for (ChunkHandle h = r->handles[0]; h != kInvalidChunk; h = chunk(h)->next) {
     const Chunk* c = chunk(h);
-    if (c->ptr >= lo) return kInvalidChunk;
+    if (c->ptr > lo) return kInvalidChunk;
     if (c->ptr + c->size < lo + rounded) continue;
     if (c->in_use()) return kInvalidChunk;
-    const size_t below = static_cast<size_t>(lo - c->ptr);
-    assert(below % kMinAllocationSize == 0);
-    RemoveFreeChunkFromBin(h);
-    SplitChunk(h, below);  // the part from `lo` on goes into a bin
-    InsertFreeChunkIntoBin(h);
+    // Strictly inside: split off the part below, so that the range starts
+    // a free chunk; TakeFreeRange takes ranges at either end itself.
+    if (c->ptr < lo && c->ptr + c->size > lo + rounded) {
+      const size_t below = static_cast<size_t>(lo - c->ptr);
+      assert(below % kMinAllocationSize == 0);
+      RemoveFreeChunkFromBin(h);
+      SplitChunk(h, below);  // the part from `lo` on goes into a bin
+      InsertFreeChunkIntoBin(h);
+    }
     return TakeFreeRange(lo, rounded, requested, owner);
   }
   return kInvalidChunk;
