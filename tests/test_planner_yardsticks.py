@@ -324,5 +324,34 @@ def test_simulate_reports_both_yardsticks_per_lms_run_and_the_table_shows_them()
     assert "vs roofline" not in text
     rows = overhead_points(chain_trace(), m, [4])
     table = overhead_table(rows)
-    assert "vs ideal" in table and "vs LB2" in table
+    assert "vs ideal" in table and "vs LB2" in table and "vs ideal in order" in table
     assert f"{rows[0]['ideal_ratio']:.2f}x" in table
+    assert f"{rows[0]['ideal_in_order_ratio']:.2f}x" in table
+
+
+def test_the_results_page_says_how_far_prefetch_is_from_both_ideals() -> None:
+    import json
+    import math
+    from pathlib import Path
+
+    from tflms.planner.report import prefetch_yardstick_summary
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    studies = json.loads((docs / "results.json").read_text())["studies"]
+    rows = [r for s in studies for r in s["overhead"] if r["prefetch"] and r["fits"]]
+    assert len(rows) >= 20
+
+    def geomean(xs: list[float]) -> float:
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+    ideal_ratios = [r["step_time_s"] / r["ideal_s"] for r in rows]
+    in_order = [r["step_time_s"] / r["ideal_in_order_s"] for r in rows]
+    cost = [r["ideal_in_order_s"] / r["ideal_s"] for r in rows]
+    text = " ".join(" ".join(prefetch_yardstick_summary(studies)).split())
+    assert f"the {len(rows)} prefetch rows step in {geomean(ideal_ratios):.3f}x" in text
+    assert f"{sum(x <= 1.05 for x in ideal_ratios)} within 1.05x, worst" in text
+    assert f"{geomean(in_order):.3f}x the ideal's with copies in issue order" in text
+    assert f"alone makes the ideal {geomean(cost) - 1:.1%} slower" in text
+    assert f"worst {max(ideal_ratios):.2f}x" in text
+    page = " ".join((docs / "results.md").read_text().split())
+    assert text in page
