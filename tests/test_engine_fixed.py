@@ -70,6 +70,29 @@ def test_page_accounting_on_a_scripted_sequence() -> None:
         eng.free(buf)
 
 
+def test_a_request_in_a_larger_free_chunk_maps_only_its_own_pages() -> None:
+    # A 13-page hole between the region's start and a resident buffer: TensorFlow's split
+    # rule would hand an 8-page request the whole hole (under twice the request), and
+    # all 13 pages would be mapped for it.
+    eng = fixed_engine(pages=16)
+    hole = eng.allocate(13 * PAGE)
+    above = eng.allocate(PAGE)
+    with eng.pinned(hole) as start, eng.pinned(above) as end:
+        assert end - start == 13 * PAGE
+    eng.free(hole)
+    buf = eng.allocate(8 * PAGE)
+    with eng.pinned(buf) as addr:
+        assert addr == start
+    stats = eng.stats()
+    assert stats["physical_bytes_in_use"] == (8 + 1) * PAGE
+    # The rest of the hole is free for a request that fits it, without a new region.
+    rest = eng.allocate(5 * PAGE)
+    with eng.pinned(rest) as addr:
+        assert addr == start + 8 * PAGE
+    assert eng.stats()["physical_bytes_in_use"] == (8 + 1 + 5) * PAGE
+    eng.check_invariants()
+
+
 def test_failed_map_keeps_the_host_copy() -> None:
     eng = fixed_engine()
     a = eng.allocate(2 * PAGE)

@@ -406,8 +406,9 @@ def test_with_both_memories_full_tensors_are_exchanged_and_swapped_inside_tensor
     # Every pin is verified and every value bit-identical to stock; without the two
     # steps the Tile or the first read is an out-of-memory error. The host's peak
     # counts the allocation the swapped pair share once (it counted it twice before).
-    # Fixed-address mode runs out of memory here: it exchanges nothing, and the Tile's
-    # virtual chunk, left unsplit as TensorFlow's BFC would, asks for 832 KiB of pages.
+    # Fixed-address mode runs out of host memory here, at a read after the Tile: it
+    # exchanges nothing. (Until its virtual arena split every chunk, it failed at the
+    # Tile itself, whose 512 KiB took an unsplit 832 KiB chunk and asked for its pages.)
     stock = stock_output("host_exchange")
     result = run_case("host_exchange", mode)
     assert program_output(result) == {**stock, "moved": result["moved"]}
@@ -614,13 +615,22 @@ def test_fixed_address_mode_faults_when_a_pin_site_is_removed() -> None:
     # The detection works: ReluGrad run without its inputs pinned reads activations
     # the engine evicted (pages unmapped) and the process dies of SIGSEGV instead of
     # computing with stale bytes. With the pin site in place the same program is
-    # bit-identical to stock (test_fixed_address_mode_trains_with_pages_unmapped).
+    # bit-identical to stock (test_fixed_address_mode_trains_with_pages_unmapped; at
+    # 1792 KiB too, checked by hand). 1792 KiB rather than the case's 2368: once the
+    # virtual arena split every chunk, the activations sometimes stayed mapped at 2368
+    # and the unpinned read found them (exit 0, 1 run in 5); at 1792 it faulted 5 of 5.
     import signal
 
     # verify_pins off: ReluGrad writes its forwarded input with no pin, which the byte
     # check would report (an error, exit 1) before any read of an unmapped page.
     proc = run_case_process(
-        "cnn", "fixed", {"TFLMS_TFCPU_UNPINNED_OP": "ReluGrad", "TFCPU_VERIFY_PINS": "0"}
+        "cnn",
+        "fixed",
+        {
+            "TFLMS_TFCPU_UNPINNED_OP": "ReluGrad",
+            "TFCPU_VERIFY_PINS": "0",
+            "TFCPU_DEVICE_MEMORY": "1792KiB",
+        },
     )
     assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stderr[-3000:])
     assert "RESULT " not in proc.stdout

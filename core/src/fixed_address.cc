@@ -170,6 +170,13 @@ Status Engine::Impl::InitFixed() {
   // physical memory is mapped per page anyway, and a single region of the
   // whole range would cost the arena's per-256-byte handle table for it all.
   arena_options.allow_growth = true;
+  // TensorFlow's split rule leaves a chunk under twice the request (and less
+  // than 128 MiB over it) whole, to spare device memory a sliver it could not
+  // use. Here the padding would cost mapped pages, which are the device
+  // memory: a 512 KiB tensor in an 832 KiB chunk mapped 832 KiB, and ran
+  // the tfcpu host_exchange case out of memory. A virtual sliver costs only
+  // address space, of which there is several times the device.
+  arena_options.split_always = true;
   arena_options.fragmentation_fraction = options_.fragmentation_fraction;
   arena_ = std::make_unique<BfcArena>(device_sub_.get(), arena_options);
   return Status::Ok();
