@@ -44,3 +44,14 @@ def test_fixed_mode_replays_with_pages_and_charges_their_driver_calls() -> None:
     # Same pages move either way; only the assumed driver time differs.
     assert r_free.h2d_bytes == r_costly.h2d_bytes >= 4 * MIB
     assert r_costly.step_time_s > r_free.step_time_s
+
+
+def test_without_lms_the_add_on_is_tensorflows_own_allocator() -> None:
+    # The add-on with LMS off hands TensorFlow its own BFC allocator (docs/addon.md), so
+    # the fixed-address machine's "without LMS" replay is the stock one, with TensorFlow's
+    # split rule and no pages; with LMS it is the fixed-address engine.
+    base = make_machine(3 * MIB, host=64 * MIB)
+    fixed = dataclasses.replace(base, fixed=FixedPages(page_size=64 * KIB))
+    assert fixed.config(lms=False) == base.config(lms=False)
+    assert not fixed.config(lms=False).fixed_addresses
+    assert fixed.config().fixed_addresses and not base.config().fixed_addresses

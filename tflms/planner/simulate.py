@@ -103,7 +103,8 @@ class Machine:
         self, *, lms: bool = True, prefetch: bool = False, defrag: bool = False
     ) -> EngineConfig:
         # Prefetch is off by default, as in the patched TensorFlow (TF_LMS_PREFETCH=1 opts
-        # in: docs/how-it-works.md, Prefetch).
+        # in: docs/how-it-works.md, Prefetch). The add-on with LMS off hands TensorFlow
+        # its own allocator (docs/addon.md), so fixed addresses apply with LMS only.
         return EngineConfig(
             device_memory=self.gpu.memory_bytes,
             host_memory=self.host_memory,
@@ -121,7 +122,7 @@ class Machine:
                     "map_us_per_page": self.fixed.map_us_per_page,
                     "unmap_us_per_page": self.fixed.unmap_us_per_page,
                 }
-                if self.fixed is not None
+                if self.fixed is not None and lms
                 else {}
             ),
         )
