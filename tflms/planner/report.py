@@ -334,8 +334,10 @@ def prefetch_yardstick_summary(studies: Sequence[dict[str, Any]]) -> list[str]:
         f"{min(cost) - 1:.1%} to {max(cost) - 1:.1%}). The engine has one copy stream per "
         "direction and enqueues each copy when it decides on it, so a copy needed sooner "
         "cannot overtake one already enqueued: that part of the gap is the stream "
-        "discipline's. Closing it takes copies held back on the host and enqueued by "
-        "deadline as the stream drains, which the engine does not do yet."
+        "discipline's. A second stream does not help (copies of one direction run in the "
+        "order they reach the GPU, whatever their stream: docs/how-it-works.md, Streams); "
+        "closing it takes copies held back on the host and enqueued by deadline as the "
+        "stream drains, which the engine does not do yet."
     )
     return [textwrap.fill(text, 100), ""]
 
