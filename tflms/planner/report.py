@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import textwrap
 from collections.abc import Sequence
+from statistics import geometric_mean
 from typing import Any
 
 from tflms.planner.gpu import format_bytes
@@ -304,10 +304,6 @@ def format_demo(demo: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _geomean(xs: Sequence[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
 def prefetch_yardstick_summary(studies: Sequence[dict[str, Any]]) -> list[str]:
     """How far the prefetch rows are from the two ideal schedules (issue 11's 1.05x goal)."""
     rows = [
@@ -326,11 +322,11 @@ def prefetch_yardstick_summary(studies: Sequence[dict[str, Any]]) -> list[str]:
     at = f"{worst['input_size']}^3" if worst.get("input_size") else f"batch {worst['batch_size']}"
     text = (
         f"Against the yardsticks, the {len(rows)} prefetch rows step in "
-        f"{_geomean(ideal):.3f}x the ideal schedule's time (geometric mean; "
+        f"{geometric_mean(ideal):.3f}x the ideal schedule's time (geometric mean; "
         f"{sum(x <= 1.05 for x in ideal)} within 1.05x, worst {max(ideal):.2f}x: {model} at "
-        f"{at} on {where}) and in {_geomean(in_order):.3f}x the ideal's with copies in issue "
+        f"{at} on {where}) and in {geometric_mean(in_order):.3f}x the ideal's with copies in issue "
         f"order ({sum(x <= 1.05 for x in in_order)} within 1.05x). Running copies in issue "
-        f"order alone makes the ideal {_geomean(cost) - 1:.1%} slower (geometric mean; "
+        f"order alone makes the ideal {geometric_mean(cost) - 1:.1%} slower (geometric mean; "
         f"{min(cost) - 1:.1%} to {max(cost) - 1:.1%}). The engine has one copy stream per "
         "direction and enqueues each copy when it decides on it, so a copy needed sooner "
         "cannot overtake one already enqueued: that part of the gap is the stream "
