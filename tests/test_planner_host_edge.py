@@ -49,7 +49,8 @@ def test_prefetch_fits_the_unet_at_the_edge_of_both_memories() -> None:
 def test_a_due_groups_destination_inside_a_free_chunk_is_taken() -> None:
     # Timed, as docs/lookahead.md replays it: the copies' durations decide what is in
     # flight when the group is placed. Untimed, the same replay still falls 336 KB short
-    # of the output's gap at the concat (not yet understood).
+    # of the output's gap at the concat: a stranded input is moved within a gap that
+    # cannot hold the output either way (docs/how-it-works.md).
     machine = dataclasses.replace(MACHINE, prefetch_lookahead=64)
     result = replay(unet_480(), machine.gpu, machine.config(prefetch=True), steps=8, timed=True)
     assert result.fits, f"{result.oom_op}: {result.oom_message}"
