@@ -24,14 +24,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tflms.patch.generate import collect, stale_reason
 from tflms.patch.goldens import GOLDEN_DIR
 from tflms.patch.pycopy import PyCopyError, build_patched_package, subprocess_env
 from tflms.patch.unidiff import FileDiff, apply_hunks, render_file_diff
 from tflms.patch.wheel import find_wheel, include_rel, installed_tf_version, wheel_file
+
+if TYPE_CHECKING:
+    from tflms.patch.compile_check import CompileResult
 
 log = logging.getLogger("tflms.verify")
 
@@ -201,6 +206,11 @@ def _link_python_headers(dest: Path) -> None:
             link.symlink_to(entry)
 
 
+def _is_engine_file(path: Path) -> bool:
+    """The LMS engine's own sources and headers, which compile in about a second."""
+    return "/lms/core/" in path.as_posix()
+
+
 def check_compile(
     files: list[FileDiff],
     checks: dict[str, FileCheck],
@@ -212,7 +222,10 @@ def check_compile(
 ) -> None:
     """b): compiles new C++ files and changed headers, with and without CUDA.
 
-    Files go to compile_check `jobs` at a time so that progress can be shown.
+    All compiles of both configurations share one pool of `jobs`, the adapter's files
+    first: each takes 10-15 s against about 1 s for an engine file, and running the two
+    configurations one after the other, `jobs` files at a time, left a core idle behind
+    every slow file (about a minute of the check's five on 2 cores).
     """
     overlay = _overlay(files, patched, work / "include")
     targets = list(overlay.items())
@@ -228,35 +241,41 @@ def check_compile(
     paths = [p for _, p in targets]
     by_path = {p: t for t, p in targets}
     outcome: dict[str, list[str]] = {t: [] for t, _ in targets}
-    for cuda in (False, True):
-        label = "GOOGLE_CUDA" if cuda else "no GOOGLE_CUDA"
-        results = []
-        for start in range(0, len(paths), jobs):
-            batch = paths[start : start + jobs]
+    label = {False: "no GOOGLE_CUDA", True: "GOOGLE_CUDA"}
+    order = [(cuda, path) for cuda in (False, True) for path in paths]
+    done: dict[tuple[bool, Path], CompileResult] = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        pending = {
+            pool.submit(compile_check, work / "include", [path], cuda=cuda): (cuda, path)
+            for cuda, path in sorted(order, key=lambda item: _is_engine_file(item[1]))
+        }
+        for future in as_completed(pending):
+            cuda, path = pending[future]
             try:
-                results += compile_check(work / "include", batch, cuda=cuda, jobs=jobs)
+                done[cuda, path] = future.result()[0]
             except Exception as e:  # noqa: BLE001 - reported, verification goes on
-                result.problems.append(f"b) compile_check failed to run ({label}): {e}")
+                pool.shutdown(cancel_futures=True)
+                result.problems.append(f"b) compile_check failed to run ({label[cuda]}): {e}")
                 return
-            for path in batch:
-                tick(f"b) {label}: {path.name}")
-        for r in results:
-            tf_path = by_path[r.path]
-            fc = checks[tf_path]
-            # A header the wheel (or this machine) lacks is a limit of what can be
-            # proved here, not a defect of the patch: listed as not run, not failed.
-            missing = r.missing_header
-            outcome[tf_path].append(PASS if r.ok else SKIP if missing else FAIL)
-            result.compile_summary.append(
-                {"path": tf_path, "cuda": cuda, "ok": r.ok, "seconds": round(r.seconds, 1)}
+            tick(f"b) {label[cuda]}: {path.name}")
+    for cuda, path in order:
+        r = done[cuda, path]
+        tf_path = by_path[r.path]
+        fc = checks[tf_path]
+        # A header the wheel (or this machine) lacks is a limit of what can be
+        # proved here, not a defect of the patch: listed as not run, not failed.
+        missing = r.missing_header
+        outcome[tf_path].append(PASS if r.ok else SKIP if missing else FAIL)
+        result.compile_summary.append(
+            {"path": tf_path, "cuda": cuda, "ok": r.ok, "seconds": round(r.seconds, 1)}
+        )
+        if not r.ok:
+            first = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr[:300])
+            fc.notes.append(
+                f"{label[cuda]}: wheel lacks header {missing}"
+                if missing
+                else f"{label[cuda]}: {first.strip()}"
             )
-            if not r.ok:
-                first = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr[:300])
-                fc.notes.append(
-                    f"{label}: wheel lacks header {missing}"
-                    if missing
-                    else f"{label}: {first.strip()}"
-                )
     for tf_path, states in outcome.items():
         if FAIL in states or not states:
             checks[tf_path].b = FAIL
