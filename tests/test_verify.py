@@ -11,7 +11,16 @@ from tflms.patch.generate import collect
 from tflms.patch.proto_ext import CONFIG_PROTO, ProtoExtError, added_fields, extend_descriptor
 from tflms.patch.report import render_report
 from tflms.patch.unidiff import FileDiff, Hunk
-from tflms.patch.verify import FAIL, NA, PASS, FileCheck, check_hunks, run_verify
+from tflms.patch.verify import (
+    FAIL,
+    NA,
+    PASS,
+    FileCheck,
+    VerifyResult,
+    check_compile,
+    check_hunks,
+    run_verify,
+)
 from tflms.patch.wheel import find_wheel
 
 VERSION = "2.21.0"
@@ -131,6 +140,59 @@ def test_verify_python_half_and_goldens_and_report(tmp_path: Path) -> None:
     assert "`tensorflow/python/BUILD`" in not_checked
     assert "`tensorflow/python/framework/config.py`" not in not_checked
     assert "| `tensorflow/python/framework/config.py` | changed |" in report
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_compiles_of_both_configurations_share_one_pool_and_report_in_order(
+    tmp_path: Path, jobs: int
+) -> None:
+    # Real compiles (g++ with the wheel's flags) of three small files from one pool for
+    # both configurations, engine files last: the report still lists them by
+    # configuration, then file, and a file that fails under one configuration only is a
+    # failure named by that configuration.
+    gpu = "tensorflow/core/common_runtime/gpu"
+    adapter = "int A() { return 2; }\n#if GOOGLE_CUDA\nint B() { return no_such_name; }\n#endif\n"
+    header = (
+        "#ifndef LMS_ADAPTER_H_\n#define LMS_ADAPTER_H_\ninline int C() { return 3; }\n#endif\n"
+    )
+    files = [
+        FileDiff(
+            f"{gpu}/lms/core/src/engine_part.cc", new_file=True, content="int E() { return 1; }\n"
+        ),
+        FileDiff(f"{gpu}/lms_adapter.cc", new_file=True, content=adapter),
+        FileDiff(f"{gpu}/lms_adapter.h", new_file=True, content=header),
+    ]
+    checks = {f.path: FileCheck(f.path, True, f.added, 0) for f in files}
+    result = VerifyResult(version=VERSION, wheel="", files=list(checks.values()), stale=None)
+    ticks: list[str] = []
+    check_compile(files, checks, {}, tmp_path, jobs, result, ticks.append)
+    assert not result.problems
+    assert [(c["path"], c["cuda"]) for c in result.compile_summary] == [
+        (f.path, cuda) for cuda in (False, True) for f in files
+    ]
+    assert [c["ok"] for c in result.compile_summary] == [True, True, True, True, False, True]
+    assert checks[files[0].path].b == PASS and checks[files[2].path].b == PASS
+    failed = checks[files[1].path]
+    assert failed.b == FAIL
+    assert len(failed.notes) == 1 and failed.notes[0].startswith("GOOGLE_CUDA: "), failed.notes
+    assert "no_such_name" in failed.notes[0]
+    assert sorted(ticks) == sorted(
+        f"b) {label}: {Path(f.path).name}"
+        for label in ("no GOOGLE_CUDA", "GOOGLE_CUDA")
+        for f in files
+    )
+    if jobs == 1:  # one compile at a time: they end in the order the pool was given them
+        assert ticks == [
+            f"b) {label}: {name}"
+            for label, name in [
+                ("no GOOGLE_CUDA", "lms_adapter.cc"),
+                ("no GOOGLE_CUDA", "lms_adapter.h"),
+                ("GOOGLE_CUDA", "lms_adapter.cc"),
+                ("GOOGLE_CUDA", "lms_adapter.h"),
+                ("no GOOGLE_CUDA", "engine_part.cc"),
+                ("GOOGLE_CUDA", "engine_part.cc"),
+            ]
+        ]
 
 
 @pytest.mark.slow
