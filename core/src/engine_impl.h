@@ -215,8 +215,13 @@ class Engine::Impl {
   // enqueued (its copy is still being enqueued: wait on cv_).
   bool CancelEarlyPageOutLocked(Buffer* b);
   // Frees host copies whose page-in has landed. With `wait`, first waits
-  // (mu_ released meanwhile) for the ones still in flight.
-  void ReleaseSettledHostCopies(std::unique_lock<std::mutex>* lock, bool wait);
+  // (mu_ released meanwhile) for the ones still in flight. Inline because
+  // every pin asks and there is rarely one (make bench, tensor lifecycle).
+  void ReleaseSettledHostCopies(std::unique_lock<std::mutex>* lock,
+                                bool wait) {
+    if (!pending_host_frees_.empty()) FreeSettledHostCopies(lock, wait);
+  }
+  void FreeSettledHostCopies(std::unique_lock<std::mutex>* lock, bool wait);
   // Waits for the compute/copy events a buffer's bytes depend on, on `stream`.
   Status OrderAfterUses(Stream* stream, const EventRef& last_use,
                         const EventRef& ready);
@@ -315,9 +320,13 @@ class Engine::Impl {
   // group about to be pinned); none if null.
   ClusterPlan PlanClusterPlacement(
       size_t rounded, const std::unordered_set<const Buffer*>* stay = nullptr);
+  // True when LMS has bytes on the host (placement.cc).
+  bool PlacementPressure() const;
   // True when LMS has bytes on the host (the device is under pressure) and a
   // request of `rounded` bytes is large enough for cluster placement.
   bool UnderPlacementPressure(size_t rounded) const;
+  // The same for a resident buffer's chunk.
+  bool UnderPlacementPressure(const Buffer& b) const;
   // Whether a request of `rounded` bytes is large enough (a quarter of the
   // device) that placing it may page other buffers out.
   bool WorthPagingOutToPlace(size_t rounded) const {
@@ -534,8 +543,12 @@ class Engine::Impl {
   // mode, where v keeps its virtual chunk. REQUIRES: mu_ held.
   void ReleaseEvictedChunkLocked(Buffer* v);
   // Frees a buffer's clean host copy (Buffer::clean_host) once the page-in
-  // that read it has landed.
-  void ReleaseCleanCopyLocked(Buffer* b);
+  // that read it has landed. Inline for the same reason as
+  // ReleaseSettledHostCopies: every pin and free asks.
+  void ReleaseCleanCopyLocked(Buffer* b) {
+    if (b->clean_host != nullptr) FreeCleanCopyLocked(b);
+  }
+  void FreeCleanCopyLocked(Buffer* b);
   // Every clean host copy, for a page-out that found the host pool full.
   void ReleaseAllCleanCopiesLocked();
   // Evicts `v` without a copy if it has a clean host copy and the page-in

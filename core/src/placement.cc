@@ -43,13 +43,24 @@ constexpr size_t kDuePins = 8;
 
 }  // namespace
 
-bool Engine::Impl::UnderPlacementPressure(size_t rounded) const {
+bool Engine::Impl::PlacementPressure() const {
   // Fixed-address mode maps pages behind any virtual address: no physical
   // fragmentation to avoid. Without bytes on the host nothing was evicted
   // yet, and best fit keeps TensorFlow's placement.
   return options_.lms_enabled && !fixed_ &&
-         counters_.current_bytes_reclaimed > 0 &&
+         counters_.current_bytes_reclaimed > 0;
+}
+
+bool Engine::Impl::UnderPlacementPressure(size_t rounded) const {
+  return PlacementPressure() &&
          rounded >= options_.memory_limit / kClusterDivisor;
+}
+
+bool Engine::Impl::UnderPlacementPressure(const Buffer& b) const {
+  // Every pin asks; the chunk is another cache line, which a pin without
+  // pressure (the common case) does not touch.
+  if (!PlacementPressure()) return false;
+  return UnderPlacementPressure(arena_->chunk(b.chunk)->size);
 }
 
 Engine::Impl::ClusterPlan Engine::Impl::PlanClusterPlacement(

@@ -581,8 +581,10 @@ size_t Engine::Impl::BytesDueBackLocked(const Buffer* except,
 }
 
 void Engine::Impl::ForgetBufferForPrefetch(Buffer* b) {
+  // Without prefetch no key was ever entered (NoteAllocationLocked).
+  if (!options_.prefetch_enabled) return;
   PrefetchState& p = prefetch_;
-  if (options_.prefetch_enabled) NoteStepEventLocked(StepEvent::kFree, b);
+  NoteStepEventLocked(StepEvent::kFree, b);
   if (b->step_ordinal < 0) return;
   // Saturated keys may name another buffer: erase only b's own entry.
   auto it = p.by_key.find(PrefetchKey(b));

@@ -166,9 +166,8 @@ Status Engine::Impl::SyncLastUses(std::unique_lock<std::mutex>& lock) {
   return Status::Ok();
 }
 
-void Engine::Impl::ReleaseSettledHostCopies(std::unique_lock<std::mutex>* lock,
-                                            bool wait) {
-  if (pending_host_frees_.empty()) return;
+void Engine::Impl::FreeSettledHostCopies(std::unique_lock<std::mutex>* lock,
+                                         bool wait) {
   if (wait) {
     std::vector<PendingHostFree> pending;
     pending.swap(pending_host_frees_);
@@ -635,7 +634,7 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
       // first (placement.cc); the lock may have been released, so the
       // state is looked at again either way.
       if (!relocation_tried && b->pin_count == 0 && !b->unmovable &&
-          UnderPlacementPressure(arena_->chunk(b->chunk)->size)) {
+          UnderPlacementPressure(*b)) {
         relocation_tried = true;
         RelocateStrandedLocked(lock, b);
         continue;
@@ -723,8 +722,7 @@ void Engine::Impl::AbandonPageOutLocked(Buffer* v, void* host) {
   }
 }
 
-void Engine::Impl::ReleaseCleanCopyLocked(Buffer* b) {
-  if (b->clean_host == nullptr) return;
+void Engine::Impl::FreeCleanCopyLocked(Buffer* b) {
   if (b->ready) {
     // The page-in may still be reading it.
     pending_host_frees_.push_back(
@@ -813,8 +811,11 @@ Status Engine::Impl::Unpin(Buffer* b) {
   // any event recorded once this epoch has closed.
   b->last_use_epoch = open_epoch_;
   SetActivity(b, was_active);
-  if (options_.prefetch_enabled) NoteStepEventLocked(StepEvent::kUnpin, b);
-  if (ShouldPageOutEarlyLocked(b)) StartEarlyPageOut(lock, b);
+  if (options_.prefetch_enabled) {
+    // Early page-outs follow a learned step, which only prefetch records.
+    NoteStepEventLocked(StepEvent::kUnpin, b);
+    if (ShouldPageOutEarlyLocked(b)) StartEarlyPageOut(lock, b);
+  }
   if (++unpins_in_open_epoch_ < kUnpinsPerEpoch) return Status::Ok();
   // Every kUnpinsPerEpoch unpins: close the epoch and keep an event for it,
   // so that a page-out finds its victim's last use already covered by an
