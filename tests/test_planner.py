@@ -165,6 +165,34 @@ def test_replay_records_a_timeline_sample_per_op() -> None:
     assert all(b.t >= a.t for a, b in zip(r.samples, r.samples[1:], strict=False))
 
 
+def test_recorded_samples_show_the_links_on_the_gpus_clock() -> None:
+    from tflms.planner.plot import link_busy_fractions
+
+    plan = build_plan(chain_trace(), GPU)
+    r = replay(plan, GPU, machine(peak_live_bytes(plan) // 2).config(), steps=3, record=True)
+    assert r.fits
+    s = r.samples
+    for direction in ("d2h", "h2d"):
+        busy = [getattr(x, f"{direction}_busy") for x in s]
+        # A link is busy at most as long as the step has run, and never less than before.
+        assert busy[0] <= s[0].t + 1e-12
+        for a, b, x, y in zip(busy, busy[1:], s, s[1:], strict=False):
+            assert 0.0 <= b - a <= y.t - x.t + 1e-12
+        assert busy[-1] > 0.0  # half the memory: the step swaps both ways
+        # The plot's bins add up to the same busy time (each share within [0, 1]).
+        edges, shares = link_busy_fractions(s, direction, bins=16)
+        assert all(0.0 <= f <= 1.0 for f in shares)
+        widths = [(b - a) * 1e-3 for a, b in zip(edges, edges[1:], strict=False)]
+        assert sum(f * w for f, w in zip(shares, widths, strict=False)) == pytest.approx(busy[-1])
+    # The compute stream waits for a page-in only while one is on the link.
+    stalls = [i for i in range(1, len(s)) if s[i].stall > s[i - 1].stall + 1e-12]
+    assert stalls
+    assert all(s[i].h2d_busy > s[i - 1].h2d_busy for i in stalls)
+    # With room for everything nothing crosses the link.
+    roomy = replay(plan, GPU, machine(4 * peak_live_bytes(plan)).config(), record=True)
+    assert all(x.d2h_busy == x.h2d_busy == 0.0 for x in roomy.samples)
+
+
 def test_elementwise_ops_write_in_place_when_their_input_dies() -> None:
     # x -> Mul -> Mul -> Mul -> Sum, then a Mul whose input is still needed later.
     sizes = [MIB] * 6 + [256]

@@ -192,3 +192,39 @@ def test_simulate_takes_the_launch_queue_depth(
     assert out["lms"][0]["config"]["launch_queue_depth"] == LAUNCH_QUEUE_DEPTH
     assert main([*argv, "--launch-queue", "-1"]) == 2
     assert "--launch-queue" in capsys.readouterr().err
+
+
+def test_the_device_records_each_host_copy_on_the_gpus_clock() -> None:
+    # A buffer used by a 10 ms kernel, paged out while the host is far ahead of the GPU,
+    # then paged back in: the copy out runs only once the kernel is done, the copy in only
+    # once the copy out landed, each for its bytes over the link plus the latency.
+    nbytes, gbps, latency_us, kernel = 64 * MIB, 1.0, 10.0, 10e-3
+    eng = tflms.Engine(
+        device_memory=256 * MIB,
+        host_memory=1 << 30,
+        store_data=False,
+        link_gbps=gbps,
+        link_latency_us=latency_us,
+        allow_growth=False,
+    )
+    b = eng.allocate(nbytes, pinned=True)
+    eng.record_copies(True)
+    eng.compute(kernel)
+    eng.unpin(b)
+    assert eng.reclaim_inactive() >= nbytes
+    with eng.pinned(b):
+        pass
+    copies = eng.take_copies()
+    assert [(kind, size) for kind, _, _, size in copies] == [("d2h", nbytes), ("h2d", nbytes)]
+    (_, out_start, out_end, _), (_, in_start, in_end, _) = copies
+    one_way = latency_us * 1e-6 + nbytes / (gbps * 1e9)
+    assert out_start == pytest.approx(kernel)
+    assert out_end - out_start == pytest.approx(one_way)
+    assert in_start >= out_end
+    assert in_end - in_start == pytest.approx(one_way)
+    # Taken means gone; and nothing is kept once recording stops.
+    assert eng.take_copies() == []
+    eng.record_copies(False)
+    eng.unpin(eng.allocate(nbytes, pinned=True))
+    eng.reclaim_inactive()
+    assert eng.take_copies() == []

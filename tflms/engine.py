@@ -212,6 +212,18 @@ class Engine:
     def timeline(self) -> dict[str, float]:
         return {k: float(v) for k, v in self._engine.timeline().items()}
 
+    def record_copies(self, on: bool = True) -> None:
+        """Keep every host link copy's modelled start and end from now on (off by default)."""
+        self._engine.record_copies(on)
+
+    def take_copies(self) -> list[tuple[str, float, float, int]]:
+        """The copies recorded since the last call: (``"d2h"`` or ``"h2d"``, start, end, bytes).
+
+        Times are modelled seconds on :meth:`timeline`'s clock, as the GPU would run the
+        copy (after what its stream waits for), not when the host enqueued it.
+        """
+        return [(str(k), float(s), float(e), int(b)) for k, s, e, b in self._engine.take_copies()]
+
     # Fault injection (tests).
     def fail_next_copies(self, kind: str, n: int = 1) -> None:
         self._engine.fail_next_copies(kind, n)

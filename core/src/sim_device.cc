@@ -392,6 +392,9 @@ Status SimDevice::EnqueueCopy(Stream* stream, void* dst, const void* src,
         static_cast<double>(bytes) / bytes_per_second;
     *vt = start + duration;
     if (k == 0 && options_.launch_queue_depth > 0) launched_.push_back(*vt);
+    if (k != 0 && record_copies_) {
+      copies_.push_back({s->kind(), start, *vt, bytes});
+    }
     if (k == 1) {
       clock_.d2h_busy += duration;
       clock_.d2h_bytes += static_cast<int64_t>(bytes);
@@ -634,6 +637,18 @@ void SimDevice::SynchronizeAll() {
 double SimDevice::NowSeconds() {
   std::lock_guard<std::mutex> lock(clock_mu_);
   return clock_.host_time;
+}
+
+void SimDevice::RecordCopies(bool on) {
+  std::lock_guard<std::mutex> lock(clock_mu_);
+  record_copies_ = on;
+}
+
+std::vector<SimCopy> SimDevice::TakeCopies() {
+  std::lock_guard<std::mutex> lock(clock_mu_);
+  std::vector<SimCopy> taken;
+  taken.swap(copies_);
+  return taken;
 }
 
 SimTimeline SimDevice::GetTimeline() const {

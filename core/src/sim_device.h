@@ -97,6 +97,14 @@ struct SimTimeline {
   int64_t d2d_bytes = 0;
 };
 
+// One host link copy as the modelled GPU runs it (SimDevice::TakeCopies).
+struct SimCopy {
+  StreamKind stream = StreamKind::kDeviceToHost;  // or kHostToDevice
+  double start = 0;  // modelled seconds, on SimTimeline's clock
+  double end = 0;
+  size_t bytes = 0;
+};
+
 class SimDevice : public Device {
  public:
   explicit SimDevice(const SimOptions& options);
@@ -165,6 +173,13 @@ class SimDevice : public Device {
   // Host waits for every stream (real and modelled).
   void SynchronizeAll();
   SimTimeline GetTimeline() const;
+  // From now on keeps every host link copy's modelled start and end, for a
+  // timeline of the links on the GPU's clock (off by default: a replay
+  // makes hundreds of thousands).
+  void RecordCopies(bool on);
+  // The copies recorded since the last call, in the order they were
+  // enqueued (not the order they ran).
+  std::vector<SimCopy> TakeCopies();
 
   // Host bytes currently allocated through AllocateHostMemory (leak checks).
   int64_t host_bytes_allocated() const { return host_bytes_allocated_; }
@@ -228,6 +243,8 @@ class SimDevice : public Device {
   // not known finished at the host's clock, oldest first; guarded by
   // clock_mu_. Only kept with a launch_queue_depth.
   std::deque<double> launched_;
+  bool record_copies_ = false;    // guarded by clock_mu_
+  std::vector<SimCopy> copies_;   // guarded by clock_mu_
 };
 
 }  // namespace tflms

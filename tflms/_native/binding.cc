@@ -419,6 +419,20 @@ PYBIND11_MODULE(_core, m) {
              e.holder().device->SynchronizeAll();
            })
       .def("timeline", &PyEngine::Timeline)
+      .def("record_copies",
+           [](PyEngine& e, bool on) { e.holder().device->RecordCopies(on); })
+      .def("take_copies",
+           [](PyEngine& e) {
+             // (direction, start, end, bytes) per host link copy recorded
+             // since the last call; modelled seconds on timeline()'s clock.
+             py::list out;
+             for (const SimCopy& c : e.holder().device->TakeCopies()) {
+               const char* kind =
+                   c.stream == StreamKind::kDeviceToHost ? "d2h" : "h2d";
+               out.append(py::make_tuple(kind, c.start, c.end, c.bytes));
+             }
+             return out;
+           })
       .def("fail_next_maps",
            [](PyEngine& e, int n) { e.holder().device->FailNextMaps(n); })
       .def("fail_next_unmaps",

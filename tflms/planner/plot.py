@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,8 +31,8 @@ def plot_timeline(
     reclaimed = [s.reclaimed / scale for s in samples]
     stall_ms = [s.stall * 1e3 for s in samples]
 
-    fig, (ax, ax_stall) = plt.subplots(
-        2, 1, figsize=(10, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    fig, (ax, ax_stall, ax_links) = plt.subplots(
+        3, 1, figsize=(10, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1, 1]}
     )
     ax.stackplot(t, active, inactive, labels=["active (pinned)", "inactive (resident)"], alpha=0.8)
     ax.plot(t, reclaimed, color="tab:red", linewidth=1.2, label="reclaimed (in host memory)")
@@ -54,10 +55,49 @@ def plot_timeline(
     ax.grid(alpha=0.3)
     ax_stall.plot(t, stall_ms, color="tab:purple")
     ax_stall.set_ylabel("stall (ms, cumulative)")
-    ax_stall.set_xlabel("modelled time in step (ms)")
     ax_stall.grid(alpha=0.3)
+    edges, d2h = link_busy_fractions(samples, "d2h")
+    _, h2d = link_busy_fractions(samples, "h2d")
+    ax_links.stairs(d2h, edges, color="tab:red", label="device to host")
+    ax_links.stairs(h2d, edges, color="tab:green", label="host to device")
+    ax_links.set_ylim(0, 1.05)
+    ax_links.set_ylabel("link busy")
+    ax_links.set_xlabel("modelled time in step (ms, the GPU's clock)")
+    ax_links.legend(loc="upper left", fontsize=8)
+    ax_links.grid(alpha=0.3)
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def link_busy_fractions(
+    samples: Sequence[Sample], direction: str, bins: int = 100
+) -> tuple[list[float], list[float]]:
+    """Bin edges (ms) over the step and the share of each bin one host link was busy.
+
+    From the samples' cumulative busy seconds, linearly between samples: a copy under way
+    between two ops counts as spread over that interval.
+    """
+    if not samples:
+        raise ValueError("no samples: replay with record=True")
+    times = [0.0] + [s.t for s in samples]
+    busy = [0.0] + [getattr(s, f"{direction}_busy") for s in samples]
+    end = times[-1]
+    n = max(1, min(bins, len(samples)))
+    edges = [end * j / n for j in range(n + 1)]
+    at = [_interpolate(times, busy, e) for e in edges]
+    width = end / n if end > 0 else 1.0
+    shares = [min(1.0, max(0.0, (b - a) / width)) for a, b in zip(at, at[1:], strict=False)]
+    return [e * 1e3 for e in edges], shares
+
+
+def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    i = bisect.bisect_right(xs, x)
+    if i == 0:
+        return ys[0]
+    if i == len(xs):
+        return ys[-1]
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)

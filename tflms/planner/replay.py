@@ -47,6 +47,7 @@ mark steps); when it is asked for, it learns the pin order during the first step
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import faulthandler
 import os
@@ -423,6 +424,10 @@ class Sample:
     inactive: int
     reclaimed: int
     stall: float  # cumulative compute-stream stall for page-ins, seconds
+    # Seconds each host link has been busy since the step began, on the same clock: the
+    # links as the GPU runs them, not as the host enqueued them (it may be far ahead).
+    d2h_busy: float = 0.0
+    h2d_busy: float = 0.0
 
 
 @dataclasses.dataclass
@@ -650,6 +655,9 @@ def _replay(
         last_start = before
         for step in range(steps):
             measured = step == steps - 1
+            if record and step == max(0, steps - 2):
+                # From the step before: its copies may run in the measured step.
+                eng.record_copies(True)
             if step == first or (drained and step > 0):
                 # The window starts drained: what earlier steps left in flight is theirs.
                 eng.synchronize()
@@ -710,6 +718,9 @@ def _replay(
         # The host's own waits, before the end-of-step drain every step has.
         ran = eng.timeline()
         eng.synchronize()
+        if record:
+            _add_link_busy(result.samples, eng.take_copies(), last_start["compute_time"])
+            eng.record_copies(False)
     except tflms.OutOfMemoryError as exc:
         result.fits = False
         result.oom_message = str(exc)
@@ -737,6 +748,27 @@ def _replay(
         for k in STEP_COUNTERS
     }
     return result
+
+
+def _add_link_busy(
+    samples: list[Sample], copies: list[tuple[str, float, float, int]], t0: float
+) -> None:
+    """Fills each sample's link-busy seconds from the copies the device ran (absolute clock).
+
+    A link runs its copies one at a time, so its busy time up to t is the copies that ended
+    by t plus the part of the one under way.
+    """
+    for direction in ("d2h", "h2d"):
+        spans = sorted((max(s, t0), e) for d, s, e, _ in copies if d == direction and e > t0)
+        starts = [s for s, _ in spans]
+        done = [0.0]
+        for s, e in spans:
+            done.append(done[-1] + e - s)
+        for sample in samples:
+            t = t0 + sample.t
+            i = bisect.bisect_right(starts, t)
+            busy = done[i] - (max(0.0, spans[i - 1][1] - t) if i else 0.0)
+            setattr(sample, f"{direction}_busy", busy)
 
 
 def unlimited_memory(plan: StepPlan) -> int:
