@@ -26,12 +26,13 @@ from tflms.trace.format import save_trace
 MIB = 1 << 20
 
 
-def _engine(depth: int, link_gbps: float = 1.0) -> tflms.Engine:
+def _engine(depth: int, link_gbps: float = 1.0, link_latency_us: float = 10.0) -> tflms.Engine:
     return tflms.Engine(
         device_memory=256 * MIB,
         host_memory=1 << 30,
         store_data=False,
         link_gbps=link_gbps,
+        link_latency_us=link_latency_us,
         allow_growth=False,
         launch_queue_depth=depth,
     )
@@ -198,15 +199,8 @@ def test_the_device_records_each_host_copy_on_the_gpus_clock() -> None:
     # A buffer used by a 10 ms kernel, paged out while the host is far ahead of the GPU,
     # then paged back in: the copy out runs only once the kernel is done, the copy in only
     # once the copy out landed, each for its bytes over the link plus the latency.
-    nbytes, gbps, latency_us, kernel = 64 * MIB, 1.0, 10.0, 10e-3
-    eng = tflms.Engine(
-        device_memory=256 * MIB,
-        host_memory=1 << 30,
-        store_data=False,
-        link_gbps=gbps,
-        link_latency_us=latency_us,
-        allow_growth=False,
-    )
+    nbytes, gbps, latency_us, kernel = 64 * MIB, 1.0, 20.0, 10e-3
+    eng = _engine(0, gbps, latency_us)
     b = eng.allocate(nbytes, pinned=True)
     eng.record_copies(True)
     eng.compute(kernel)
