@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from tflms.planner.replay import Sample
 
@@ -82,22 +83,12 @@ def link_busy_fractions(
     """
     if not samples:
         raise ValueError("no samples: replay with record=True")
-    times = [0.0] + [s.t for s in samples]
-    busy = [0.0] + [getattr(s, f"{direction}_busy") for s in samples]
-    end = times[-1]
+    times = np.array([0.0] + [s.t for s in samples])
+    busy = np.array([0.0] + [getattr(s, f"{direction}_busy") for s in samples])
+    end = float(times[-1])
     n = max(1, min(bins, len(samples)))
-    edges = [end * j / n for j in range(n + 1)]
-    at = [_interpolate(times, busy, e) for e in edges]
+    edges = np.linspace(0.0, end, n + 1)
+    at = np.interp(edges, times, busy)
     width = end / n if end > 0 else 1.0
-    shares = [min(1.0, max(0.0, (b - a) / width)) for a, b in zip(at, at[1:], strict=False)]
-    return [e * 1e3 for e in edges], shares
-
-
-def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    i = bisect.bisect_right(xs, x)
-    if i == 0:
-        return ys[0]
-    if i == len(xs):
-        return ys[-1]
-    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    shares = np.clip(np.diff(at) / width, 0.0, 1.0)
+    return (edges * 1e3).tolist(), shares.tolist()
