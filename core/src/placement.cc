@@ -41,6 +41,10 @@ constexpr size_t kClusterDivisor = 64;
 // pinning kernel's inputs, then its outputs).
 constexpr size_t kDuePins = 8;
 
+bool LargeForPlacement(size_t rounded, size_t memory_limit) {
+  return rounded >= memory_limit / kClusterDivisor;
+}
+
 }  // namespace
 
 bool Engine::Impl::PlacementPressure() const {
@@ -53,14 +57,14 @@ bool Engine::Impl::PlacementPressure() const {
 
 bool Engine::Impl::UnderPlacementPressure(size_t rounded) const {
   return PlacementPressure() &&
-         rounded >= options_.memory_limit / kClusterDivisor;
+         LargeForPlacement(rounded, options_.memory_limit);
 }
 
 bool Engine::Impl::UnderPlacementPressure(const Buffer& b) const {
   // Every pin asks; the chunk is another cache line, which a pin without
   // pressure (the common case) does not touch.
-  if (!PlacementPressure()) return false;
-  return UnderPlacementPressure(arena_->chunk(b.chunk)->size);
+  return PlacementPressure() &&
+         LargeForPlacement(arena_->chunk(b.chunk)->size, options_.memory_limit);
 }
 
 Engine::Impl::ClusterPlan Engine::Impl::PlanClusterPlacement(
