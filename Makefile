@@ -99,9 +99,9 @@ sanitize-tsan: $(BUILD)/engine_test_tsan
 # compiles at load.
 NVCC_ARCH ?= -gencode arch=compute_75,code=compute_75 -gencode arch=compute_90,code=sm_90
 NVCCFLAGS := -std=c++17 -O2 $(NVCC_ARCH) -Xcompiler -Wall,-Werror -Icore/include -Icore/src -Icore/tests
-CUDA_DEPS := core/tests/cuda_kernels.cuh $(CORE_HDRS) $(TEST_HDRS) \
-             $(BUILD)/obj/cuda/cuda_device.o $(call core_objs,cuda)
-CUDA_LINK := $(BUILD)/obj/cuda/cuda_device.o $(call core_objs,cuda) -lpthread
+CUDA_OBJS := $(BUILD)/obj/cuda/cuda_device.o $(call core_objs,cuda)
+CUDA_DEPS := core/tests/cuda_kernels.cuh $(CORE_HDRS) $(TEST_HDRS) $(CUDA_OBJS)
+CUDA_LINK := $(CUDA_OBJS) -lpthread
 
 $(BUILD)/obj/cuda/cuda_device.o: core/src/cuda_device.cu core/src/cuda_device.h $(CORE_HDRS)
 	@mkdir -p $(@D)
