@@ -6,6 +6,8 @@
 // kept so the engine with LMS off fails and peaks exactly where TF does.
 #include "bfc_arena.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cassert>
 #include <cstring>
@@ -22,6 +24,27 @@ constexpr float kBackpedalFactor = 0.9f;
 int Log2Floor(uint64_t v) { return 63 - __builtin_clzll(v); }
 
 }  // namespace
+
+static_assert(BfcArena::kInvalidChunk + 1 == 0,
+              "HandleTable stores handles plus one, kInvalidChunk as zero");
+
+// Anonymous mappings are zero and the kernel backs their pages on first
+// touch. MAP_NORESERVE keeps Linux's heuristic overcommit from refusing a
+// table larger than the machine's memory (a 14 TB what-if device in the
+// planner), most of which no chunk ever touches.
+BfcArena::HandleTable::HandleTable(size_t n) {
+  if (n == 0) return;
+  const size_t bytes = n * sizeof(ChunkHandle);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return;
+  slots_.get_deleter().bytes = bytes;
+  slots_.reset(static_cast<ChunkHandle*>(p));
+}
+
+void BfcArena::HandleTable::FreeSlots::operator()(ChunkHandle* p) const {
+  munmap(p, bytes);
+}
 
 bool BfcArena::ChunkComparator::operator()(ChunkHandle a,
                                            ChunkHandle b) const {
@@ -110,7 +133,7 @@ void BfcArena::SetHandle(const void* ptr, ChunkHandle h) {
   size_t index =
       static_cast<size_t>(static_cast<const char*>(ptr) - r->ptr) >>
       kMinAllocationBits;
-  r->handles[index] = h;
+  r->handles.Set(index, h);
 }
 
 BfcArena::ChunkHandle BfcArena::HandleFor(const void* ptr) const {
@@ -146,15 +169,20 @@ bool BfcArena::Extend(size_t rounded) {
     bytes = smaller;
     mem = sub_->Alloc(bytes, kAlignment);
   }
+  Region region;
+  if (mem != nullptr) {
+    region.handles = HandleTable(bytes >> kMinAllocationBits);
+    if (!region.handles.ok()) {
+      sub_->Free(mem, bytes);  // no host memory to index it
+      mem = nullptr;
+    }
+  }
+  device_refused_ = mem == nullptr;
   if (mem == nullptr) return false;
   if (!increased_allocation) curr_region_allocation_bytes_ *= 2;
 
-  Region region;
   region.ptr = static_cast<char*>(mem);
   region.size = bytes;
-  size_t n = bytes >> kMinAllocationBits;
-  region.handles.reset(new ChunkHandle[n]);
-  std::fill(region.handles.get(), region.handles.get() + n, kInvalidChunk);
   auto pos = std::upper_bound(
       regions_.begin(), regions_.end(), region.ptr,
       [](const char* q, const Region& r) { return q < r.ptr; });

@@ -177,6 +177,9 @@ class BfcArena {
   size_t owned_padding() const { return owned_padding_; }
   size_t bytes_reserved() const { return total_region_allocated_bytes_; }
   size_t peak_bytes_reserved() const { return peak_bytes_reserved_; }
+  // Whether the last Extend that got as far as asking for a region was
+  // refused it (by the device, or for want of host memory to index it).
+  bool device_refused() const { return device_refused_; }
   int64_t num_allocs() const { return num_allocs_; }
   // tsl::BFCAllocator::ClearStats, plus the reserved peak: num_allocs and
   // largest_alloc_size to 0, peaks to the current values.
@@ -190,11 +193,34 @@ class BfcArena {
   size_t CheckAndCountChunks(bool* ok) const;
 
  private:
+  // A region's chunk per 256-byte offset. Stored plus one, so that zeroed
+  // memory means kInvalidChunk: mapped anonymously, it is backed by the
+  // operating system only on the pages that chunk starts touch. TensorFlow fills its
+  // table at once, which holds host memory of 1/32 of the region for the
+  // process's life (4.4 GB for a 141 GB GPU), memory that LMS would rather
+  // give reclaimed tensors; and a planner replay of a 400 GB "unlimited"
+  // device ran a 24 GB machine out of memory.
+  class HandleTable {
+   public:
+    HandleTable() = default;
+    explicit HandleTable(size_t n);  // empty (!ok()) if memory ran out
+    bool ok() const { return slots_ != nullptr; }
+    ChunkHandle operator[](size_t i) const { return slots_[i] - 1; }
+    void Set(size_t i, ChunkHandle h) { slots_[i] = h + 1; }
+
+   private:
+    struct FreeSlots {
+      size_t bytes;  // of the mapping
+      void operator()(ChunkHandle* p) const;
+    };
+    std::unique_ptr<ChunkHandle[], FreeSlots> slots_;
+  };
+
   struct Region {
     char* ptr = nullptr;
     size_t size = 0;
     // handles[i] is the chunk starting at ptr + i * 256, or kInvalidChunk.
-    std::unique_ptr<ChunkHandle[]> handles;
+    HandleTable handles;
     char* end() const { return ptr + size; }
   };
 
@@ -283,6 +309,7 @@ class BfcArena {
   size_t curr_region_allocation_bytes_;
   size_t total_region_allocated_bytes_ = 0;
   size_t peak_bytes_reserved_ = 0;
+  bool device_refused_ = false;
   size_t bytes_in_use_ = 0;
   size_t peak_bytes_in_use_ = 0;
   size_t largest_alloc_size_ = 0;

@@ -372,7 +372,17 @@ std::string Engine::Impl::OutOfMemoryMessage(size_t bytes, size_t rounded,
     << " bytes reclaimed to host; largest free chunk " << largest
     << "; free " << free_total << ".";
   if (!host_status.ok()) m << " " << host_status.message();
-  if (free_total >= rounded && largest < rounded) {
+  const bool refused = arena_->device_refused() && limit - reserved >= rounded;
+  if (refused) {
+    // The free bytes above count what the limit allows but the device did
+    // not give: no fragmentation or LMS advice applies to those.
+    m << " The device refused the arena the " << limit - reserved
+      << " bytes still under its limit: another process (or another "
+         "TensorFlow device on this GPU) may hold that memory; free it or "
+         "lower the memory limit (per_process_gpu_memory_fraction, "
+         "tf.config.set_logical_device_configuration).";
+  }
+  if (!refused && free_total >= rounded && largest < rounded) {
     m << " Enough memory is free but it is fragmented";
     if (bytes_inactive_ == 0) {
       m << " by tensors in use, which nothing can move (device memory in "
@@ -397,7 +407,7 @@ std::string Engine::Impl::OutOfMemoryMessage(size_t bytes, size_t rounded,
          "gpu_options.experimental.lms_enabled) may avoid this: "
       << bytes_inactive_ << " bytes are held by tensors no running op uses.";
   }
-  if (options_.lms_enabled && host_status.ok()) {
+  if (options_.lms_enabled && host_status.ok() && !refused) {
     m << " Every byte left on the device is used by running ops or "
          "allocations LMS cannot move; reduce the batch or model size.";
   }

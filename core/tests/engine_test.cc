@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -233,6 +234,47 @@ TEST(ArenaTakesARangeInsideAFreeChunkOnlyWhenAskedTo) {
   arena.FreeChunk(h[0], 0);
   arena.FreeChunk(h[2], 0);
   EXPECT(arena.bytes_in_use() == 0);
+}
+
+// Addresses without memory behind them: the arena never touches a chunk's
+// bytes, so a device of any size can be indexed.
+class AddressOnlyBlocks : public SubAllocator {
+ public:
+  void* Alloc(size_t, size_t) override {
+    return reinterpret_cast<void*>(uintptr_t{1} << 46);
+  }
+  void Free(void*, size_t) override {}
+};
+
+long MaxResidentKiB() {
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;
+}
+
+TEST(AnArenaOfAnySizeCostsHostMemoryOnlyWhereChunksStart) {
+  // One 4 TiB region (TensorFlow's default: no growth). A table filled for
+  // every 256 bytes, as TensorFlow keeps, would be 128 GiB of host memory.
+  AddressOnlyBlocks blocks;
+  BfcArena::Options options;
+  options.memory_limit = size_t{4} << 40;
+  options.allow_growth = false;
+  const long before = MaxResidentKiB();
+  BfcArena arena(&blocks, options);
+  EXPECT(arena.Extend(256));
+  // Chunks at the bottom, in the middle and at the top of the region.
+  std::vector<BfcArena::ChunkHandle> h;
+  for (size_t bytes : {size_t{1} << 20, size_t{2} << 40, size_t{1} << 20}) {
+    h.push_back(arena.FindChunk(bytes, bytes, nullptr));
+    EXPECT(h.back() != BfcArena::kInvalidChunk);
+  }
+  const char* top = arena.chunk(h[2])->ptr;
+  EXPECT(arena.HandleFor(top) == h[2]);
+  EXPECT(arena.HandleFor(top + 256) == BfcArena::kInvalidChunk);
+  for (BfcArena::ChunkHandle x : h) arena.FreeChunk(x, 0);
+  EXPECT(arena.bytes_in_use() == 0 &&
+         arena.LargestFreeChunk() == options.memory_limit);
+  EXPECT(MaxResidentKiB() - before < 64 * 1024);
 }
 
 TEST(OversubscribedWorkingSetKeepsEveryByte) {
