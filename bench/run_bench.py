@@ -116,6 +116,20 @@ def format_paging_table(paging: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _kib(nbytes: int) -> str:
+    return f"{nbytes / 1024:,.0f} KiB"
+
+
+def format_bookkeeping_table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'device':>10} {'TensorFlow BFC':>15} {'engine':>10} {'TF / device':>12}"]
+    for r in rows:
+        lines.append(
+            f"{r['memory_limit'] / 2**30:>6.0f} GiB {_kib(r['tf_bytes']):>15} "
+            f"{_kib(r['engine_bytes']):>10} {r['tf_bytes'] / r['memory_limit']:>12.4f}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     print("bench: building the harness (engine + TensorFlow's BFC) if needed...", flush=True)
@@ -147,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     print("\nSim backend page-out/page-in vs memcpy (median)\n")
     print(format_paging_table(result["paging"]))
+    print("\nHost memory the allocator's own bookkeeping holds (whole device as one region)\n")
+    print(format_bookkeeping_table(result["bookkeeping"]))
     print()
     for name, goal in GOALS.items():
         verdict = "met" if met[name] else "NOT met"

@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "sim_device.h"
 #include "tf_side.h"
 #include "tflms/engine.h"
@@ -431,6 +433,58 @@ std::string BenchPaging(const std::vector<size_t>& sizes, int reps) {
   return s + "]";
 }
 
+// Resident bytes of this process now (not its peak), from /proc/self/statm.
+int64_t ResidentBytes() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
+}
+
+// Host memory each allocator's own bookkeeping holds once it has taken the
+// whole device as one region (TensorFlow's default, allow_growth off) and
+// made one allocation. Neither device's memory is touched: TensorFlow's
+// sub-allocator maps its arena without reserving it, the engine's sim device
+// hands out addresses only.
+std::string BenchBookkeeping(const std::vector<size_t>& limits) {
+  std::string out = "[";
+  for (size_t i = 0; i < limits.size(); ++i) {
+    const size_t limit = limits[i];
+    int64_t tf_bytes = 0, engine_bytes = 0;
+    {
+      TfBfcOptions to;
+      to.memory_limit = limit;
+      to.allow_growth = false;
+      const int64_t before = ResidentBytes();
+      TfBfc tf(to);
+      void* p = tf.Allocate(256);
+      if (p == nullptr) Die("bookkeeping: TensorFlow's BFC refused 256 bytes");
+      tf_bytes = ResidentBytes() - before;
+      tf.Deallocate(p);
+    }
+    {
+      EngineSetup es;
+      es.memory_limit = limit;
+      es.allow_growth = false;
+      es.lms = true;
+      const int64_t before = ResidentBytes();
+      EngineUnderTest eu(es);
+      tflms::Status st;
+      void* p = eu.get()->AllocateRaw(256, &st);
+      if (p == nullptr) Die("bookkeeping: the engine refused 256 bytes: " + st.ToString());
+      engine_bytes = ResidentBytes() - before;
+      eu.get()->DeallocateRaw(p);
+    }
+    if (i) out += ", ";
+    out += "{\"memory_limit\": " + std::to_string(limit) +
+           ", \"tf_bytes\": " + std::to_string(tf_bytes) +
+           ", \"engine_bytes\": " + std::to_string(engine_bytes) + "}";
+  }
+  return out + "]";
+}
+
 int RunBench(const Args& args) {
   const int reps = static_cast<int>(args.U64("reps", 7));
   const bool full = args.Str("scale", "full") == "full";
@@ -445,6 +499,8 @@ int RunBench(const Args& args) {
   std::vector<size_t> sizes = {size_t{1} << 20, size_t{16} << 20};
   if (full) sizes.push_back(size_t{128} << 20);
   out += BenchPaging(sizes, paging_reps);
+  out += ", \"bookkeeping\": ";
+  out += BenchBookkeeping({size_t{16} << 30, size_t{80} << 30});
   out += "}";
   std::printf("%s\n", out.c_str());
   return 0;
