@@ -196,6 +196,12 @@ def add_parsers(sub: Any) -> None:
         "--from-json", metavar="FILE", help="rewrite the markdown from a saved --json-output"
     )
     r.add_argument(
+        "--refresh-yardsticks",
+        action="store_true",
+        help="with --from-json: recompute the yardsticks of every saved row (no engine "
+        "replay; minutes) and save them into that file before rewriting the markdown",
+    )
+    r.add_argument(
         "--gpu-bench",
         metavar="JSON",
         help="with --from-json: keep this `make bench-cuda` JSON (measured on a GPU) in the "
@@ -628,6 +634,21 @@ def cmd_results(args: argparse.Namespace) -> int:
             return _fail(f"cannot add the GPU measurements: {exc}")
         saved.write_text(json.dumps(res, indent=2), encoding="utf-8")
         print(f"kept {args.gpu_bench} in {saved}")
+    if args.refresh_yardsticks:
+        if not args.from_json:
+            return _fail("--refresh-yardsticks goes with --from-json")
+        saved = Path(args.from_json)
+        try:
+            res = json.loads(saved.read_text(encoding="utf-8"))
+            moved = study.refresh_yardsticks(
+                res, progress=not args.no_progress and sys.stderr.isatty()
+            )
+        except (OSError, ValueError, KeyError) as exc:
+            return _fail(f"cannot refresh the yardsticks of {saved}: {exc}")
+        for line in moved:
+            print(f"moved: {line}", file=sys.stderr)
+        saved.write_text(json.dumps(res, indent=2), encoding="utf-8")
+        print(f"refreshed the yardsticks in {saved} ({len(moved)} ideal step times moved)")
     if args.from_json:
         return _rewrite_from_json(Path(args.from_json), out, results_markdown)
     models = study.RESULT_MODELS

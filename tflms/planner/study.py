@@ -13,11 +13,14 @@ from tflms.planner.replay import build_plan, replay_unlimited
 from tflms.planner.simulate import (
     SIZE_STEP,
     Machine,
+    machine_yardsticks,
     max_batch,
     max_size,
     overhead_points,
+    progress_bar,
     trace_json,
 )
+from tflms.planner.yardsticks import annotate
 
 if TYPE_CHECKING:
     from tflms.trace.format import Trace
@@ -203,6 +206,44 @@ def study_size_model(
                 r["input_size"] = ms["with_lms"]
         studies.append({"max_size": ms, "overhead": rows, "machine": m.to_json()})
     return studies
+
+
+def refresh_yardsticks(
+    results: dict[str, Any], steps: int = 2, progress: bool = False
+) -> list[str]:
+    """Recomputes every overhead row's yardsticks (no engine replay), in place.
+
+    For a change to the yardsticks alone: the engine's figures stay as they were replayed.
+    `steps` must be the one `run_results` ran with. Returns a line per row whose Ideal step
+    time moved, which would mean the rows were not made the way they are rebuilt here.
+    """
+    models = {m.name: m for m in RESULT_MODELS}
+    todo = [(s, r) for s in results["studies"] for r in s["overhead"] if "ideal_s" in r]
+    moved: list[str] = []
+    bar = progress_bar("yardsticks", len(todo), progress, "row")
+    try:
+        for s, row in todo:
+            sm = models[s["model"]]
+            machine = Machine.from_pairing(get_pairing(s["machine"]["pairing"]))
+            if machine.host_memory != row["host_memory_bytes"]:
+                raise ValueError(
+                    f"{s['model']} on {s['machine']['pairing']}: the row's host limit "
+                    f"{row['host_memory_bytes']} is not the machine's {machine.host_memory}"
+                )
+            trace = get_trace(sm.name, sm.base_batch, row.get("input_size") or sm.input_size)
+            if row["batch_size"] != trace.batch_size:
+                trace = trace.rescaled(row["batch_size"])
+            was = row.get("ideal_s")
+            annotate(row, machine_yardsticks(build_plan(trace, machine.gpu), machine, steps))
+            if was != row.get("ideal_s"):
+                moved.append(
+                    f"{s['model']} {row.get('input_size') or row['batch_size']} on "
+                    f"{row['machine']}: ideal {was} -> {row.get('ideal_s')} s"
+                )
+            bar.update(1)
+    finally:
+        bar.close()
+    return moved
 
 
 def study_key(s: dict[str, Any]) -> tuple[str, str]:

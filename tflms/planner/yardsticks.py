@@ -244,6 +244,10 @@ class IdealResult:
     compute_stall_s: float = 0.0  # the compute stream waiting for copies
     evictions: int = 0
     oom_op: int = -1  # the op whose pinned buffers alone exceed the device, when not fits
+    # The most bytes the schedule holds on the host during the measured step: each eviction
+    # from the start of its copy out until its copy in has landed (or its tensor died). The
+    # schedule knows no host limit; where this exceeds the machine's, it cannot run there.
+    host_peak_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -287,6 +291,8 @@ class _MemoryPlan:
                     self.pins_of.setdefault(self.key(t, s), []).append(s * self.n + i)
         self.evictions: list[_Eviction] = []
         self.copy_ins: list[_CopyIn] = []
+        # (key, op of its eviction, op after which it died on the host): a copy never needed
+        self.dropped: list[tuple[int, int, int]] = []
         self.mem = np.zeros(steps * self.n, dtype=np.int64)
         self.oom_op = -1
 
@@ -353,7 +359,9 @@ class _MemoryPlan:
                     key = self.key(t, s)
                     if key in resident:
                         used -= resident.pop(key)
-                    on_host.pop(key, None)  # dead on the host: its copy is simply dropped
+                    evicted_at = on_host.pop(key, None)  # dead on the host: its copy is dropped
+                    if evicted_at is not None:
+                        self.dropped.append((key, evicted_at, p))
         return True
 
     @staticmethod
@@ -526,6 +534,7 @@ def _timeline(
         needed_at[c.need].append(j)
     d2h = _Link(bytes_per_s, latency_s, in_order)
     h2d = _Link(bytes_per_s, latency_s, in_order)
+    op_end = np.zeros(total)
     t0 = end = stall = launched = 0.0
     d2h_before = h2d_before = 0
     ends: list[float] = []  # this step's op ends, for the launch queue
@@ -551,6 +560,7 @@ def _timeline(
         start = max(ready, launched, arrived)
         stall += start - max(end, launched)
         end = start + plan.kernel_s[i]
+        op_end[p] = end
         ends.append(end)
         for j in outs_after[p]:
             ev = mp.evictions[j]
@@ -563,7 +573,36 @@ def _timeline(
         h2d_bytes=h2d.busy_bytes - h2d_before,
         compute_stall_s=stall,
         evictions=sum(1 for ev in mp.evictions if ev.at >= (steps - 1) * n),
+        host_peak_bytes=_host_peak(mp, d2h, h2d, op_end, t0, latency_s, bytes_per_s),
     )
+
+
+def _host_peak(
+    mp: _MemoryPlan,
+    d2h: _Link,
+    h2d: _Link,
+    op_end: np.ndarray,
+    t0: float,
+    latency_s: float,
+    bytes_per_s: float,
+) -> int:
+    """The most bytes on the host from `t0` (the measured step's start) on."""
+    evicted = {(ev.key, ev.at): j for j, ev in enumerate(mp.evictions)}
+    events: list[tuple[float, int]] = []  # (time, bytes): a release sorts before a take
+    for j, ev in enumerate(mp.evictions):
+        events.append((d2h.done[j] - latency_s - ev.nbytes / bytes_per_s, ev.nbytes))
+    for j, c in enumerate(mp.copy_ins):
+        events.append((h2d.done[j], -mp.evictions[evicted[(c.key, c.after)]].nbytes))
+    for key, at, p in mp.dropped:
+        events.append((float(op_end[p]), -mp.evictions[evicted[(key, at)]].nbytes))
+    events.sort()
+    held = peak = 0
+    for t, delta in events:
+        if t >= t0:  # what is held until this event, the step's start included
+            peak = max(peak, held)
+        held += delta
+    # Bytes still held after the last event stay on the host through the step.
+    return max(peak, held)
 
 
 # --------------------------------------------------------------------------- reports
@@ -623,4 +662,21 @@ def annotate(row: dict[str, Any], ys: Yardsticks) -> dict[str, Any]:
     row["ideal_in_order_ratio"] = (
         step / row["ideal_in_order_s"] if step and row["ideal_in_order_s"] else None
     )
+    row["ideal_in_order_host_peak_bytes"] = in_order.host_peak_bytes
     return row
+
+
+def ideal_over_host(row: dict[str, Any], host_bytes: int | None = None) -> bool:
+    """Whether the row's ideal schedules hold more on the host than LMS may use there.
+
+    The Ideal knows no host limit; the engine keeps to it. Where the Ideal exceeds it, the
+    Ideal cannot run on that machine and the ratio to it is to a hypothetical schedule.
+    """
+    limit = host_bytes if host_bytes is not None else row.get("host_memory_bytes")
+    if not limit or not row.get("ideal_s"):
+        return False
+    peaks = (
+        (row.get("ideal") or {}).get("host_peak_bytes", 0),
+        row.get("ideal_in_order_host_peak_bytes", 0),
+    )
+    return max(peaks) > limit
