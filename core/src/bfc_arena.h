@@ -195,11 +195,11 @@ class BfcArena {
  private:
   // A region's chunk per 256-byte offset. Stored plus one, so that zeroed
   // memory means kInvalidChunk: mapped anonymously, it is backed by the
-  // operating system only on the pages that chunk starts touch. TensorFlow fills its
-  // table at once, which holds host memory of 1/32 of the region for the
-  // process's life (4.4 GB for a 141 GB GPU), memory that LMS would rather
-  // give reclaimed tensors; and a planner replay of a 400 GB "unlimited"
-  // device ran a 24 GB machine out of memory.
+  // operating system only on the pages that chunk starts touch. TensorFlow
+  // fills its table at once, which holds host memory of 1/32 of the region
+  // for the process's life (4.4 GB for a 141 GB GPU), memory that LMS would
+  // rather give reclaimed tensors; and a planner replay of a multi-terabyte
+  // "unlimited" device ran a 24 GB machine out of memory.
   class HandleTable {
    public:
     HandleTable() = default;
