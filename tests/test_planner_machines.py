@@ -253,3 +253,30 @@ def test_merged_results_take_the_time_of_a_whole_run() -> None:
     ]
     assert merged["paper"] == old["paper"]
     assert merged["wall_s"] == 100.0 + 30.0 + 5.0
+
+
+def test_simulate_traces_a_3d_unet_on_one_volume_unless_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import argparse
+
+    import tflms.trace.cache
+    from tflms.planner.cli import _load_trace
+
+    asked: list[tuple[str, int]] = []
+
+    def fake_cache(model: str, batch: int, **_: object) -> object:
+        asked.append((model, batch))
+        return object()
+
+    monkeypatch.setattr(tflms.trace.cache, "cached_trace", fake_cache)
+
+    def args(model: str, batch: int | None) -> argparse.Namespace:
+        return argparse.Namespace(
+            trace=None, model=model, batch=batch, input_size=480, precision="fp32"
+        )
+
+    for model, batch in (("unet3d", None), ("UNet3DBraTS", None), ("ResNet50", None),
+                         ("unet3d", 2)):  # fmt: skip
+        _load_trace(args(model, batch), progress=False)
+    assert asked == [("UNet3D", 1), ("UNet3DBraTS", 1), ("ResNet50", 32), ("UNet3D", 2)]

@@ -379,6 +379,11 @@ def test_cli_writes_trace_and_summary(tmp_path: Path) -> None:
     assert str(trace.peak_live_bytes()) in result.stdout
     again = run_cli("--model", "unet3d", "--image-size", "16", "--output", str(out), cwd=tmp_path)
     assert again.returncode == 1
+    # Without --batch-size a 3D U-Net is traced on one volume, as it trains.
+    one = run_cli("--model", "unet3d", "--image-size", "16", "--no-progress", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert one.stdout.startswith("UNet3D, batch 1, input 16x16x16x1")
+    assert load_trace(tmp_path / "UNet3D-b1-s16.trace.json.gz").batch_size == 1
 
 
 @pytest.mark.slow

@@ -45,7 +45,11 @@ def add_parsers(sub: Any) -> None:
     src = p.add_argument_group("trace (a file, or a model to trace)")
     src.add_argument("trace", nargs="?", help="trace file (.json or .json.gz) from `tflms trace`")
     src.add_argument("--model", help="trace this model instead (e.g. ResNet50, UNet3D); cached")
-    src.add_argument("--batch", type=int, help="batch size (rescales the trace)")
+    src.add_argument(
+        "--batch",
+        type=int,
+        help="batch size (rescales the trace; default 32, and 1 for the 3D U-Nets)",
+    )
     src.add_argument(
         "--input-size",
         type=int,
@@ -556,6 +560,12 @@ def _default_size(model: str) -> int:
     return MODEL_SPECS[resolve_model_name(model)].default_size
 
 
+def _default_batch(model: str) -> int:
+    from tflms.trace.models import MODEL_SPECS, resolve_model_name
+
+    return MODEL_SPECS[resolve_model_name(model)].default_batch
+
+
 def _load_trace(args: argparse.Namespace, progress: bool) -> Any:
     from tflms.trace.cache import cached_trace
     from tflms.trace.format import load_trace
@@ -566,7 +576,7 @@ def _load_trace(args: argparse.Namespace, progress: bool) -> Any:
     model = resolve_model_name(args.model)
     return cached_trace(
         model,
-        args.batch or 32,
+        args.batch or _default_batch(model),
         input_size=args.input_size,
         progress=progress,
         precision=args.precision,

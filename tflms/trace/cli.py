@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tflms.trace.models import MODEL_NAMES, check_input_size, resolve_model_name
+from tflms.trace.models import MODEL_NAMES, MODEL_SPECS, check_input_size, resolve_model_name
 
 
 def add_parsers(sub: Any) -> None:
@@ -31,7 +31,9 @@ def add_parsers(sub: Any) -> None:
         metavar="NAME",
         help=f"model name (case-insensitive): {', '.join(MODEL_NAMES)}",
     )
-    parser.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
+    parser.add_argument(
+        "--batch-size", type=int, help="batch size (default 32, and 1 for the 3D U-Nets)"
+    )
     parser.add_argument(
         "--image-size",
         type=int,
@@ -83,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tflms trace: {exc}", file=sys.stderr)
         return 2
+    if args.batch_size is None:
+        args.batch_size = MODEL_SPECS[model].default_batch
     if args.batch_size < 1:
         print(
             f"tflms trace: --batch-size must be at least 1, got {args.batch_size}", file=sys.stderr

@@ -25,6 +25,9 @@ class ModelSpec:
     # The optimizer of the traced step: "sgd" (momentum 0.9) for the vision models, "adam" for
     # the transformers, as each family is usually trained.
     optimizer: str = "sgd"
+    # The batch the planner traces when none is given. A 3D U-Net trains on one volume at a
+    # time: at 480^3, 32 volumes would be 6.3 TiB of tensors.
+    default_batch: int = 32
 
 
 _SPECS = (
@@ -46,10 +49,12 @@ _SPECS = (
     ModelSpec("EfficientNetB5", 456, 32),
     ModelSpec("EfficientNetB6", 528, 32),
     ModelSpec("EfficientNetB7", 600, 32),
-    ModelSpec("UNet3D", 64, 16, size_multiple=8, volumetric=True, channels=1),
+    ModelSpec("UNet3D", 64, 16, size_multiple=8, volumetric=True, channels=1, default_batch=1),
     # Closer in width to the BraTS 3D U-Net the TFLMS papers trained (docs/results.md):
     # four MRI channels in, 16 filters at full resolution, five levels.
-    ModelSpec("UNet3DBraTS", 64, 16, size_multiple=16, volumetric=True, channels=4),
+    ModelSpec(
+        "UNet3DBraTS", 64, 16, size_multiple=16, volumetric=True, channels=4, default_batch=1
+    ),
     # keras-hub transformers: the size is the sequence length.
     ModelSpec("GPT2-tiny", 128, 8, text=True, optimizer="adam"),
     ModelSpec("GPT2-124M", 1024, 8, text=True, optimizer="adam"),
