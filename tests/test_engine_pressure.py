@@ -91,6 +91,20 @@ def test_sub_allocator_refusal_is_out_of_memory_then_recovers() -> None:
     eng.check_invariants()
 
 
+def test_a_device_larger_than_this_machine_keeps_what_is_written() -> None:
+    # 256 GiB of simulated device on a machine with a tenth of that: its memory is backed
+    # where it is written. (It was one host allocation of the whole device, which failed
+    # here, and then the first allocation read as fragmentation.)
+    eng = tflms.Engine(device_memory=256 << 30, host_memory=MiB, lms=False)
+    bufs = [eng.allocate(MiB) for _ in range(3)]
+    for i, b in enumerate(bufs):
+        b.write(pattern(i, MiB))
+    assert [b.read() for b in bufs] == [pattern(i, MiB) for i in range(3)]
+    for b in bufs:
+        eng.free(b)
+    eng.check_invariants()
+
+
 def checkerboard(eng: tflms.Engine) -> list[tflms.Buffer]:
     """Half the device free, in 256 KiB holes."""
     bufs = [eng.allocate(256 * 1024) for _ in range(8)]

@@ -125,16 +125,23 @@ class SimDevice::SimStream : public Stream {
 SimDevice::SimDevice(const SimOptions& options) : options_(options) {
   const size_t capacity =
       (options.device_memory + kArenaAlignment - 1) & ~(kArenaAlignment - 1);
+  bool backed = true;
   if (options.store_data) {
     // Pages are touched lazily by the OS, so a large arena costs only what
-    // is written.
-    arena_ = static_cast<char*>(
-        std::aligned_alloc(kArenaAlignment, std::max<size_t>(capacity, 256)));
+    // is written; MAP_NORESERVE lets it exceed the machine's memory (an
+    // 80 GB device on a 24 GB machine) as long as what is written fits.
+    arena_bytes_ = std::max<size_t>(capacity, 256);
+    void* m = mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    arena_ = m == MAP_FAILED ? nullptr : static_cast<char*>(m);
+    backed = arena_ != nullptr;
     base_ = arena_;
   } else {
     base_ = reinterpret_cast<char*>(kFakeDeviceBase);
   }
-  if (capacity > 0) free_ranges_[0] = capacity;
+  // Without memory behind it the device refuses every allocation, rather
+  // than hand out addresses nothing backs.
+  if (capacity > 0 && backed) free_ranges_[0] = capacity;
   for (int i = 0; i < 3; ++i) {
     fail_copies_[i] = 0;
     streams_[i] = std::make_unique<SimStream>(static_cast<StreamKind>(i),
@@ -144,7 +151,7 @@ SimDevice::SimDevice(const SimOptions& options) : options_(options) {
 
 SimDevice::~SimDevice() {
   for (auto& s : streams_) s.reset();  // drains and joins the workers
-  std::free(arena_);
+  if (arena_ != nullptr) munmap(arena_, arena_bytes_);
   if (vm_base_ != nullptr && options_.store_data) munmap(vm_base_, vm_bytes_);
 }
 

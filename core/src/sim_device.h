@@ -199,7 +199,8 @@ class SimDevice : public Device {
   bool RealTimeCopiesInjected() const;
 
   const SimOptions options_;
-  char* arena_ = nullptr;  // owned when store_data
+  char* arena_ = nullptr;  // owned when store_data (a mapping of arena_bytes_)
+  size_t arena_bytes_ = 0;
   char* base_ = nullptr;   // device addresses start here
 
   mutable std::mutex arena_mu_;
