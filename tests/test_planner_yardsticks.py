@@ -455,3 +455,33 @@ def test_refreshed_yardsticks_match_the_saved_ones_and_flag_the_unet_on_the_h100
             assert b["ideal_in_order_host_peak_bytes"] == a["ideal_in_order_host_peak_bytes"]
             over = ideal_over_host(b)
             assert over == (new["machine"]["pairing"] == "dgx-h100"), (b["machine"], over)
+
+
+def test_the_ideal_kept_within_a_host_limit_waits_for_room_and_keeps_to_it() -> None:
+    # The U-Net at 480^3 on the DGX H100, whose Ideal holds more than the 128 GiB LMS may use
+    # there (docs/results.md). On the chain of test_planner no limit below the Ideal's own
+    # peak leaves a schedule: every evicted activation is needed back only after the peak.
+    from tflms.planner.machines import get_pairing
+    from tflms.planner.simulate import Machine, machine_yardsticks
+    from tflms.planner.study import get_trace
+
+    m = Machine.from_pairing(get_pairing("dgx-h100"))
+    plan = build_plan(get_trace("UNet3D", 1, 480), m.gpu)
+    ys = machine_yardsticks(plan, m, 2)
+    free, within = ys.ideal, ys.ideal_within_host
+    assert free.host_peak_bytes > m.host_memory
+    assert within is not None and within.fits
+    # The same copies, later where the host had no room: never faster, never over the limit.
+    assert within.host_peak_bytes <= m.host_memory
+    assert (within.d2h_bytes, within.h2d_bytes) == (free.d2h_bytes, free.h2d_bytes)
+    assert within.step_time_s > free.step_time_s
+    # In issue order a copy out waits for room that only later ops free.
+    assert ys.ideal_in_order_within_host is not None
+    assert not ys.ideal_in_order_within_host.fits
+    # Within the Ideal's own peak nothing is recomputed; with no host at all nothing runs.
+    launch, latency = m.gpu.launch_overhead_us * 1e-6, m.config().link_latency_us * 1e-6
+    args = (plan, m.gpu.memory_bytes, m.link_gbps, launch, latency, 2, m.launch_queue_depth)
+    peak = max(free.host_peak_bytes, ys.ideal_in_order.host_peak_bytes)
+    assert yardsticks(*args, host_limit=peak).ideal_within_host is None
+    none = yardsticks(*args, host_limit=0).ideal_within_host
+    assert none is not None and not none.fits

@@ -182,7 +182,7 @@ def yardstick_lines(lms: Sequence[dict[str, Any]], host_bytes: int | None = None
         ideal_txt += (
             f".{OVER_HOST_MARK} Both hold up to {format_bytes(_ideal_host_peak(r))} on the "
             f"host, more than the {format_bytes(host_bytes or 0)} LMS may use here: on this "
-            "machine they are hypothetical"
+            "machine they are hypothetical. " + _within_host_text([r]).rstrip(".")
         )
     return [
         "",
@@ -286,9 +286,37 @@ def overhead_table(
             f"on the host here, more than the {format_bytes(over[0]['host_memory_bytes'])} LMS "
             "may use on this machine: they know no host limit, so on this machine they are "
             "hypothetical and the engine, which keeps to the limit, is measured against a "
-            "schedule that cannot run."
+            f"schedule that cannot run. {_within_host_text(over)}"
         )
     return text
+
+
+NO_SCHEDULE_WITHIN_HOST = (
+    "no such schedule was found (a copy out would wait for host room that only later ops "
+    "free, while the op that needs its room waits for it)"
+)
+
+
+def _within_host_text(over: Sequence[dict[str, Any]]) -> str:
+    """The ideals kept within the host limit, for rows whose ideal exceeds it."""
+    parts = []
+    for key, name in (("ideal_within_host", "the ideal"),
+                      ("ideal_in_order_within_host", "with copies in issue order")):  # fmt: skip
+        within = over[0].get(f"{key}_s")
+        if within is None:
+            parts.append(f"{name}: {NO_SCHEDULE_WITHIN_HOST}")
+            continue
+        ratios = ", ".join(
+            f"{r[f'{key}_ratio']:.2f}x ({'prefetch' if r['prefetch'] else 'on demand'})"
+            for r in over
+            if r.get(f"{key}_ratio")
+        )
+        parts.append(f"{name} steps in {secs(within)}, the engine in {ratios} that time")
+    return (
+        "Kept within the limit (each copy out waiting until its bytes fit on the host), "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 # Marks a ratio to an ideal schedule that needs more host memory than the machine has.
@@ -355,6 +383,11 @@ def prefetch_yardstick_summary(studies: Sequence[dict[str, Any]]) -> list[str]:
     if over:
         kept = [r["ideal_ratio"] for _, r in rows if not ideal_over_host(r)]
         names = ", ".join(f"{m} at {_point(r)} on {r.get('machine') or r['link']}" for m, r in over)
+        within = ", ".join(
+            f"{r['ideal_within_host_ratio']:.2f}x"
+            for _, r in over
+            if r.get("ideal_within_host_ratio")
+        )
         over_txt = (
             f" The ideal schedules of {len(over)} of these rows ({names}; marked"
             f"{OVER_HOST_MARK}) need more host memory than LMS may use on their machines, so "
@@ -362,6 +395,11 @@ def prefetch_yardstick_summary(studies: Sequence[dict[str, Any]]) -> list[str]:
             f"{geometric_mean(kept):.3f}x the ideal's ({sum(x <= 1.05 for x in kept)} of "
             f"{len(kept)} within 1.05x)."
         )
+        if within:
+            over_txt += (
+                " Against the ideal kept within the host limit (each copy out waiting until "
+                f"its bytes fit), those rows step in {within} its time."
+            )
     text = (
         f"Against the yardsticks, the {len(rows)} prefetch rows step in "
         f"{geometric_mean(ideal):.3f}x the ideal schedule's time (geometric mean; "

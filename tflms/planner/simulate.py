@@ -229,6 +229,7 @@ def machine_yardsticks(plan: StepPlan, machine: Machine, steps: int) -> Yardstic
         cfg.link_latency_us * 1e-6,
         steps=steps,
         launch_queue_depth=cfg.launch_queue_depth,
+        host_limit=machine.host_memory,
     )
 
 

@@ -38,10 +38,11 @@ copy, and latency x bandwidth is far above the 255 bytes rounding can add (10 us
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -409,6 +410,10 @@ class _Link:
         self.queue: collections.deque[tuple[float, int, int]] = collections.deque()
         self.done: dict[int, float] = {}
         self.busy_bytes = 0
+        # A copy may not start before before_copy(task, t) (host room); after_copy(task, t)
+        # hears when one ended.
+        self.before_copy: Callable[[int, float], float] | None = None
+        self.after_copy: Callable[[int, float], None] | None = None
 
     def release(self, task: int, ready_t: float, deadline: int, nbytes: int) -> None:
         if self.in_order:
@@ -451,9 +456,13 @@ class _Link:
 
     def _copy(self, task: int, nbytes: int) -> None:
         """Runs one copy from `free` on."""
+        if self.before_copy is not None:
+            self.free = self.before_copy(task, self.free)
         self.free += self.latency + nbytes / self.rate
         self.done[task] = self.free
         self.busy_bytes += nbytes
+        if self.after_copy is not None:
+            self.after_copy(task, self.free)
 
 
 def ideal(
@@ -507,6 +516,43 @@ def _memory_plan(plan: StepPlan, device_memory: int, steps: int) -> _MemoryPlan 
     return mp
 
 
+class _HostFull(Exception):
+    """A copy out finds no host room, and no copy under way or due would make any."""
+
+
+class _HostLedger:
+    """The bytes on the host over time, for a schedule kept within a host limit.
+
+    An eviction takes its bytes when its copy out starts and gives them back when its copy
+    in lands or its tensor dies on the host. Copies out start in time order (one link), so
+    every take is known by then and only releases lie ahead: a copy out starts at the first
+    moment from which its bytes fit.
+    """
+
+    def __init__(self, limit: int, h2d: _Link) -> None:
+        self.limit = limit
+        self.h2d = h2d
+        self.events: list[tuple[float, int]] = []  # (time, +take / -release), sorted
+
+    def add(self, t: float, delta: int) -> None:
+        bisect.insort(self.events, (t, delta))
+
+    def room_from(self, t: float, nbytes: int) -> float:
+        while True:
+            held = sum(d for when, d in self.events if when <= t)
+            if held + nbytes <= self.limit:
+                return t
+            for when, d in self.events:
+                if when > t and d < 0:
+                    held += d
+                    if held + nbytes <= self.limit:
+                        return when
+            # Copies in already released may land and make room: run them.
+            if not (self.h2d.waiting or self.h2d.ready or self.h2d.queue):
+                raise _HostFull
+            self.h2d._step()
+
+
 def _timeline(
     plan: StepPlan,
     mp: _MemoryPlan,
@@ -515,6 +561,7 @@ def _timeline(
     latency_s: float,
     depth: int = 0,
     in_order: bool = False,
+    host_limit: int | None = None,
 ) -> IdealResult:
     n, steps = mp.n, mp.steps
     total = n * steps
@@ -535,6 +582,24 @@ def _timeline(
     d2h = _Link(bytes_per_s, latency_s, in_order)
     h2d = _Link(bytes_per_s, latency_s, in_order)
     op_end = np.zeros(total)
+    drops_after: dict[int, list[int]] = collections.defaultdict(list)
+    if host_limit is not None:
+        evicted = {(ev.key, ev.at): j for j, ev in enumerate(mp.evictions)}
+        ledger = _HostLedger(host_limit, h2d)
+
+        def take(j: int, t: float) -> float:
+            start = ledger.room_from(t, mp.evictions[j].nbytes)
+            ledger.add(start, mp.evictions[j].nbytes)
+            return start
+
+        def landed(j: int, t: float) -> None:
+            c = mp.copy_ins[j]
+            ledger.add(t, -mp.evictions[evicted[(c.key, c.after)]].nbytes)
+
+        d2h.before_copy = take
+        h2d.after_copy = landed
+        for key, at, p in mp.dropped:
+            drops_after[p].append(mp.evictions[evicted[(key, at)]].nbytes)
     t0 = end = stall = launched = 0.0
     d2h_before = h2d_before = 0
     ends: list[float] = []  # this step's op ends, for the launch queue
@@ -561,6 +626,8 @@ def _timeline(
         stall += start - max(end, launched)
         end = start + plan.kernel_s[i]
         op_end[p] = end
+        for nbytes in drops_after.get(p, ()):
+            ledger.add(end, -nbytes)
         ends.append(end)
         for j in outs_after[p]:
             ev = mp.evictions[j]
@@ -617,13 +684,24 @@ class Yardsticks:
     # The same schedule with copies run in the order they were issued, as the engine's CUDA
     # copy streams run them: a yardstick for this engine's design (still no fragmentation).
     ideal_in_order: IdealResult
+    # Where the Ideal holds more on the host than `host_limit`: the same evictions and copies
+    # in with each copy out waiting until its bytes fit on the host (the closest schedule of
+    # this kind the machine can run; fits False where a copy out would wait for room only a
+    # later op's copy in frees). None where the Ideal keeps within the limit.
+    ideal_within_host: IdealResult | None = None
+    ideal_in_order_within_host: IdealResult | None = None  # the same, copies in issue order
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "lb2_s": self.lb2_s,
             "ideal": self.ideal.to_json(),
             "ideal_in_order": self.ideal_in_order.to_json(),
         }
+        if self.ideal_within_host is not None:
+            out["ideal_within_host"] = self.ideal_within_host.to_json()
+        if self.ideal_in_order_within_host is not None:
+            out["ideal_in_order_within_host"] = self.ideal_in_order_within_host.to_json()
+        return out
 
 
 def yardsticks(
@@ -634,8 +712,10 @@ def yardsticks(
     latency_s: float,
     steps: int = 2,
     launch_queue_depth: int = 0,
+    host_limit: int | None = None,
 ) -> Yardsticks:
     mp = _memory_plan(plan, device_memory, steps)
+    within: list[IdealResult | None] = [None, None]
     if isinstance(mp, IdealResult):
         edf = in_order = mp
     else:
@@ -643,8 +723,23 @@ def yardsticks(
             _timeline(plan, mp, link_gbps * 1e9, launch_s, latency_s, launch_queue_depth, o)
             for o in (False, True)
         )
+        if host_limit is not None and max(edf.host_peak_bytes, in_order.host_peak_bytes) > (
+            host_limit
+        ):
+            for o in (False, True):
+                try:
+                    within[o] = _timeline(
+                        plan, mp, link_gbps * 1e9, launch_s, latency_s, launch_queue_depth, o,
+                        host_limit=host_limit,
+                    )  # fmt: skip
+                except _HostFull:
+                    within[o] = IdealResult(fits=False)
     return Yardsticks(
-        lb2_s=lb2_s(plan, device_memory, link_gbps, launch_s), ideal=edf, ideal_in_order=in_order
+        lb2_s=lb2_s(plan, device_memory, link_gbps, launch_s),
+        ideal=edf,
+        ideal_in_order=in_order,
+        ideal_within_host=within[False],
+        ideal_in_order_within_host=within[True],
     )
 
 
@@ -663,6 +758,12 @@ def annotate(row: dict[str, Any], ys: Yardsticks) -> dict[str, Any]:
         step / row["ideal_in_order_s"] if step and row["ideal_in_order_s"] else None
     )
     row["ideal_in_order_host_peak_bytes"] = in_order.host_peak_bytes
+    for name, res in (
+        ("ideal_within_host", ys.ideal_within_host),
+        ("ideal_in_order_within_host", ys.ideal_in_order_within_host),
+    ):
+        row[f"{name}_s"] = res.step_time_s if res and res.fits else None
+        row[f"{name}_ratio"] = step / row[f"{name}_s"] if step and row[f"{name}_s"] else None
     return row
 
 
