@@ -404,9 +404,13 @@ def test_a_tensor_that_dies_on_the_host_is_dropped_there() -> None:
 
 def test_a_ratio_to_an_ideal_that_needs_more_host_than_the_machine_has_is_marked() -> None:
     from tests.test_planner import machine
-    from tflms.planner.report import OVER_HOST_MARK, overhead_table, yardstick_lines
+    from tflms.planner.report import (
+        OVER_HOST_MARK,
+        ideal_over_host,
+        overhead_table,
+        yardstick_lines,
+    )
     from tflms.planner.simulate import overhead_points
-    from tflms.planner.yardsticks import ideal_over_host
 
     rows = overhead_points(chain_trace(), machine(6 * MIB, link="pcie3"), [4])
     peak = max(rows[0]["ideal"]["host_peak_bytes"], rows[0]["ideal_in_order_host_peak_bytes"])
@@ -428,8 +432,8 @@ def test_refreshed_yardsticks_match_the_saved_ones_and_flag_the_unet_on_the_h100
     import json
     from pathlib import Path
 
+    from tflms.planner.report import ideal_over_host
     from tflms.planner.study import refresh_yardsticks
-    from tflms.planner.yardsticks import ideal_over_host
 
     docs = Path(__file__).resolve().parents[1] / "docs"
     saved = json.loads((docs / "results.json").read_text())

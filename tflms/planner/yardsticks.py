@@ -765,19 +765,3 @@ def annotate(row: dict[str, Any], ys: Yardsticks) -> dict[str, Any]:
         row[f"{name}_s"] = res.step_time_s if res and res.fits else None
         row[f"{name}_ratio"] = step / row[f"{name}_s"] if step and row[f"{name}_s"] else None
     return row
-
-
-def ideal_over_host(row: dict[str, Any], host_bytes: int | None = None) -> bool:
-    """Whether the row's ideal schedules hold more on the host than LMS may use there.
-
-    The Ideal knows no host limit; the engine keeps to it. Where the Ideal exceeds it, the
-    Ideal cannot run on that machine and the ratio to it is to a hypothetical schedule.
-    """
-    limit = host_bytes if host_bytes is not None else row.get("host_memory_bytes")
-    if not limit or not row.get("ideal_s"):
-        return False
-    peaks = (
-        (row.get("ideal") or {}).get("host_peak_bytes", 0),
-        row.get("ideal_in_order_host_peak_bytes", 0),
-    )
-    return max(peaks) > limit
