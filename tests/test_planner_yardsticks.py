@@ -425,6 +425,13 @@ def test_a_ratio_to_an_ideal_that_needs_more_host_than_the_machine_has_is_marked
     assert "more than the" in table and "hypothetical" in table
     assert "hypothetical" in " ".join(yardstick_lines(rows, peak - 1))
     assert "hypothetical" not in " ".join(yardstick_lines(rows, peak))
+    # One point flagged: one sentence on the ideal kept within the limit. Two points: one
+    # each, named by its batch, since each point has its own schedules.
+    assert table.count("Kept within the limit") == 1
+    more = overhead_points(chain_trace(), machine(6 * MIB, link="pcie3"), [4, 5])
+    over = [{**r, "host_memory_bytes": 1} for r in more]
+    two = overhead_table(over)
+    assert "Kept within the limit at batch 4" in two and "Kept within the limit at batch 5" in two
 
 
 def test_refreshed_yardsticks_match_the_saved_ones_and_flag_the_unet_on_the_h100() -> None:

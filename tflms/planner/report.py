@@ -296,26 +296,40 @@ NO_SCHEDULE_WITHIN_HOST = (
 )
 
 
+WITHIN_HOST_IDEALS = (
+    ("ideal_within_host", "the ideal"),
+    ("ideal_in_order_within_host", "with copies in issue order"),
+)
+
+
 def _within_host_text(over: Sequence[dict[str, Any]]) -> str:
-    """The ideals kept within the host limit, for rows whose ideal exceeds it."""
-    parts = []
-    for key, name in (("ideal_within_host", "the ideal"),
-                      ("ideal_in_order_within_host", "with copies in issue order")):  # fmt: skip
-        within = over[0].get(f"{key}_s")
-        if within is None:
-            parts.append(f"{name}: {NO_SCHEDULE_WITHIN_HOST}")
-            continue
-        ratios = ", ".join(
-            f"{r[f'{key}_ratio']:.2f}x ({'prefetch' if r['prefetch'] else 'on demand'})"
-            for r in over
-            if r.get(f"{key}_ratio")
+    """The ideals kept within the host limit, for rows whose ideal exceeds it.
+
+    Rows of one point (batch or input size; on demand and prefetch) share their ideals.
+    """
+    points: dict[str, list[dict[str, Any]]] = {}
+    for r in over:
+        points.setdefault(_point(r), []).append(r)
+    sentences = []
+    for at, rows in points.items():
+        parts = []
+        for key, name in WITHIN_HOST_IDEALS:
+            within = rows[0].get(f"{key}_s")
+            if within is None:
+                parts.append(f"{name}: {NO_SCHEDULE_WITHIN_HOST}")
+                continue
+            ratios = ", ".join(
+                f"{r[f'{key}_ratio']:.2f}x ({'prefetch' if r['prefetch'] else 'on demand'})"
+                for r in rows
+                if r.get(f"{key}_ratio")
+            )
+            parts.append(f"{name} steps in {secs(within)}, the engine in {ratios} that time")
+        where = f" at {at}" if len(points) > 1 else ""
+        sentences.append(
+            f"Kept within the limit{where} (each copy out waiting until its bytes fit on the "
+            "host), " + "; ".join(parts) + "."
         )
-        parts.append(f"{name} steps in {secs(within)}, the engine in {ratios} that time")
-    return (
-        "Kept within the limit (each copy out waiting until its bytes fit on the host), "
-        + "; ".join(parts)
-        + "."
-    )
+    return " ".join(sentences)
 
 
 def ideal_over_host(row: dict[str, Any], host_bytes: int | None = None) -> bool:
@@ -327,11 +341,7 @@ def ideal_over_host(row: dict[str, Any], host_bytes: int | None = None) -> bool:
     limit = host_bytes if host_bytes is not None else row.get("host_memory_bytes")
     if not limit or not row.get("ideal_s"):
         return False
-    peaks = (
-        (row.get("ideal") or {}).get("host_peak_bytes", 0),
-        row.get("ideal_in_order_host_peak_bytes", 0),
-    )
-    return max(peaks) > limit
+    return _ideal_host_peak(row) > limit
 
 
 # Marks a ratio to an ideal schedule that needs more host memory than the machine has.

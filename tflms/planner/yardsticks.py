@@ -584,7 +584,6 @@ def _timeline(
     op_end = np.zeros(total)
     drops_after: dict[int, list[int]] = collections.defaultdict(list)
     if host_limit is not None:
-        evicted = {(ev.key, ev.at): j for j, ev in enumerate(mp.evictions)}
         ledger = _HostLedger(host_limit, h2d)
 
         def take(j: int, t: float) -> float:
@@ -592,14 +591,10 @@ def _timeline(
             ledger.add(start, mp.evictions[j].nbytes)
             return start
 
-        def landed(j: int, t: float) -> None:
-            c = mp.copy_ins[j]
-            ledger.add(t, -mp.evictions[evicted[(c.key, c.after)]].nbytes)
-
         d2h.before_copy = take
-        h2d.after_copy = landed
-        for key, at, p in mp.dropped:
-            drops_after[p].append(mp.evictions[evicted[(key, at)]].nbytes)
+        h2d.after_copy = lambda j, t: ledger.add(t, -mp.copy_ins[j].nbytes)
+        for key, _, p in mp.dropped:
+            drops_after[p].append(mp.size(key))
     t0 = end = stall = launched = 0.0
     d2h_before = h2d_before = 0
     ends: list[float] = []  # this step's op ends, for the launch queue
@@ -653,15 +648,17 @@ def _host_peak(
     latency_s: float,
     bytes_per_s: float,
 ) -> int:
-    """The most bytes on the host from `t0` (the measured step's start) on."""
-    evicted = {(ev.key, ev.at): j for j, ev in enumerate(mp.evictions)}
+    """The most bytes on the host from `t0` (the measured step's start) on.
+
+    A copy in and a drop give back the bytes of the eviction before them: the same buffer's.
+    """
     events: list[tuple[float, int]] = []  # (time, bytes): a release sorts before a take
     for j, ev in enumerate(mp.evictions):
         events.append((d2h.done[j] - latency_s - ev.nbytes / bytes_per_s, ev.nbytes))
     for j, c in enumerate(mp.copy_ins):
-        events.append((h2d.done[j], -mp.evictions[evicted[(c.key, c.after)]].nbytes))
-    for key, at, p in mp.dropped:
-        events.append((float(op_end[p]), -mp.evictions[evicted[(key, at)]].nbytes))
+        events.append((h2d.done[j], -c.nbytes))
+    for key, _, p in mp.dropped:
+        events.append((float(op_end[p]), -mp.size(key)))
     events.sort()
     held = peak = 0
     for t, delta in events:
@@ -719,21 +716,19 @@ def yardsticks(
     if isinstance(mp, IdealResult):
         edf = in_order = mp
     else:
-        edf, in_order = (
-            _timeline(plan, mp, link_gbps * 1e9, launch_s, latency_s, launch_queue_depth, o)
-            for o in (False, True)
-        )
+
+        def run(in_order: bool, limit: int | None = None) -> IdealResult:
+            args = (link_gbps * 1e9, launch_s, latency_s, launch_queue_depth, in_order, limit)
+            try:
+                return _timeline(plan, mp, *args)
+            except _HostFull:
+                return IdealResult(fits=False)
+
+        edf, in_order = run(False), run(True)
         if host_limit is not None and max(edf.host_peak_bytes, in_order.host_peak_bytes) > (
             host_limit
         ):
-            for o in (False, True):
-                try:
-                    within[o] = _timeline(
-                        plan, mp, link_gbps * 1e9, launch_s, latency_s, launch_queue_depth, o,
-                        host_limit=host_limit,
-                    )  # fmt: skip
-                except _HostFull:
-                    within[o] = IdealResult(fits=False)
+            within = [run(False, host_limit), run(True, host_limit)]
     return Yardsticks(
         lb2_s=lb2_s(plan, device_memory, link_gbps, launch_s),
         ideal=edf,
