@@ -155,6 +155,7 @@ bench: install ## Engine vs TensorFlow's own BFCAllocator, side by side
 bench-prefetch: install ## Prefetch vs on-demand inside real TensorFlow (Keras fit, CPU harness, paced link), in time
 	$(PY) bench/prefetch_fit.py
 	$(PY) bench/prefetch_fit.py --device-memory 4736KiB
+	$(PY) bench/prefetch_fit.py --case keras_fit_deep
 
 demo: install ## The main job: ResNet50 on the 16 GB V100 machines (PCIe 3, NVLink 2), with and without LMS
 	$(PY) -m tflms demo

@@ -36,7 +36,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("lms", "prefetch")
-LABELS = {"lms": "on-demand", "prefetch": "prefetch"}
+CASES = ("keras_fit", "keras_fit_deep")
+LABELS = {"lms": "on-demand", "prefetch": "prefetch", "guarded": "prefetch + guard"}
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -54,6 +55,20 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="modelled device memory, e.g. 4736KiB (default: the test's, a quarter of the "
         "fit's peak)",
     )
+    p.add_argument(
+        "--case",
+        choices=CASES,
+        default="keras_fit",
+        help="keras_fit (activations 22%% of its device, over the prefetch budget) or "
+        "keras_fit_deep (48 narrower layers, activations a twelfth of its device, as on a "
+        "GPU); default keras_fit",
+    )
+    p.add_argument(
+        "--guard",
+        action="store_true",
+        help="also run prefetch with the engine's guard (times steps with and without "
+        "prefetch once learned and keeps the faster mode)",
+    )
     p.add_argument("--json", type=Path, help="also write every run's figures here")
     args = p.parse_args(argv)
     if args.runs < 1:
@@ -63,7 +78,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_fit(mode: str, link_gbps: float, device_memory: str | None = None) -> dict[str, Any]:
+def run_fit(
+    mode: str, link_gbps: float, device_memory: str | None = None, case: str = "keras_fit"
+) -> dict[str, Any]:
     """One Keras fit in a fresh process; its figures."""
     env = {
         **os.environ,
@@ -74,7 +91,7 @@ def run_fit(mode: str, link_gbps: float, device_memory: str | None = None) -> di
     if device_memory:
         env["TFCPU_DEVICE_MEMORY"] = device_memory
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.tfcpu_cases", "keras_fit", mode],
+        [sys.executable, "-m", "tests.tfcpu_cases", case, mode],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -84,7 +101,7 @@ def run_fit(mode: str, link_gbps: float, device_memory: str | None = None) -> di
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"keras_fit ({mode}) failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{case} ({mode}) failed:\n{proc.stderr[-3000:]}")
     return figures_of(json.loads(lines[-1][len("RESULT ") :]))
 
 
@@ -128,7 +145,7 @@ COLUMNS = (
 def format_table(runs: dict[str, list[dict[str, Any]]]) -> str:
     header = "| mode | " + " | ".join(c[1] for c in COLUMNS) + " |"
     lines = [header, "|" + "---|" * (len(COLUMNS) + 1)]
-    for mode in MODES:
+    for mode in runs:
         cells = []
         for key, _, fmt in COLUMNS:
             values = [r[key] for r in runs[mode]]
@@ -137,13 +154,16 @@ def format_table(runs: dict[str, list[dict[str, Any]]]) -> str:
                 f"{fmt.format(med)} [{fmt.format(min(values))} - {fmt.format(max(values))}]"
             )
         lines.append(f"| {LABELS[mode]} | " + " | ".join(cells) + " |")
-    ratios = []
-    for key, label, _ in COLUMNS[:6]:
-        base = statistics.median(r[key] for r in runs["lms"])
-        pre = statistics.median(r[key] for r in runs["prefetch"])
-        ratios.append(f"{label} {pre / base:.2f}x" if base else f"{label} -")
     lines.append("")
-    lines.append("prefetch / on-demand (medians): " + ", ".join(ratios))
+    for mode in runs:
+        if mode == "lms":
+            continue
+        ratios = []
+        for key, label, _ in COLUMNS[:6]:
+            base = statistics.median(r[key] for r in runs["lms"])
+            other = statistics.median(r[key] for r in runs[mode])
+            ratios.append(f"{label} {other / base:.2f}x" if base else f"{label} -")
+        lines.append(f"{LABELS[mode]} / on-demand (medians): " + ", ".join(ratios))
     return "\n".join(lines)
 
 
@@ -154,23 +174,29 @@ def main(argv: list[str] | None = None) -> int:
     import tflms.tfcpu as tc  # noqa: PLC0415
 
     tc.library()  # built once, with its own progress bar, before the runs
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-    with tqdm(total=args.runs * len(MODES), desc="keras fit", unit="run") as bar:
+    modes = (*MODES, "guarded") if args.guard else MODES
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    with tqdm(total=args.runs * len(modes), desc=args.case, unit="run") as bar:
         for _ in range(args.runs):
-            for mode in MODES:  # interleaved: drift in machine load hits both
-                runs[mode].append(run_fit(mode, args.link_gbps, args.device_memory))
+            for mode in modes:  # interleaved: drift in machine load hits both
+                runs[mode].append(run_fit(mode, args.link_gbps, args.device_memory, args.case))
                 bar.update()
     link = f"{args.link_gbps:g} GB/s each way" if args.link_gbps else "memcpy speed"
     memory = args.device_memory or "the test's (a quarter of the peak)"
     print(
-        f"\nKeras fit in the CPU harness, link {link}, device memory {memory}, "
+        f"\n{args.case} in the CPU harness, link {link}, device memory {memory}, "
         f"{args.runs} runs per mode\n"
     )
     print(format_table(runs))
     if args.json:
         args.json.write_text(
             json.dumps(
-                {"link_gbps": args.link_gbps, "device_memory": args.device_memory, "runs": runs},
+                {
+                    "case": args.case,
+                    "link_gbps": args.link_gbps,
+                    "device_memory": args.device_memory,
+                    "runs": runs,
+                },
                 indent=1,
             )
         )

@@ -60,5 +60,25 @@ def test_bad_arguments_are_named() -> None:
     b = bench()
     with pytest.raises(SystemExit):
         b._parse_args(["--runs", "0"])  # noqa: SLF001
+    with pytest.raises(SystemExit):
+        b._parse_args(["--case", "cnn"])  # noqa: SLF001
     args = b._parse_args(["--device-memory", "4736KiB"])  # noqa: SLF001
     assert args.device_memory == "4736KiB"
+    assert args.case == "keras_fit" and not args.guard
+    args = b._parse_args(["--case", "keras_fit_deep", "--guard"])  # noqa: SLF001
+    assert args.case == "keras_fit_deep" and args.guard
+
+
+def test_each_mode_beside_on_demand_gets_its_ratios() -> None:
+    b = bench()
+    runs = {
+        "lms": [b.figures_of(result(200, 100, 100))],
+        "prefetch": [b.figures_of(result(50, 100, 20))],
+        "guarded": [b.figures_of(result(100, 100, 60))],
+    }
+    table = b.format_table(runs)
+    assert "| prefetch + guard | 2.00 s" in table, table
+    assert "prefetch / on-demand (medians): fit wall 1.00x, kernels waited 0.25x" in table, table
+    assert "prefetch + guard / on-demand (medians): fit wall 1.00x, kernels waited 0.50x" in (
+        table
+    ), table
