@@ -389,7 +389,7 @@ def test_results_markdown_reports_batches_overheads_goals_and_calibration() -> N
     assert f"| {mb['without_lms']} | {mb['with_lms']} |" in md
     assert "ResNet50 largest batch with LMS >= 6x without (dgx1-v100)" in md
     assert "## How the GPU model was calibrated" in md and "a README" in md
-    assert "prefetch (opt-in)" in md and "| dgx1-v100 |" in md
+    assert "prefetch (default)" in md and "| dgx1-v100 |" in md
 
 
 # ------------------------------------------------------------------ models and parsing
@@ -445,11 +445,11 @@ def test_simulate_json_max_batch_and_plot(
     assert out["batch_size"] == 8
     assert out["without_lms"]["fits"] is False
     assert out["without_lms"]["peak_live_bytes"] > int(memory)
-    # On-demand first: the patched TensorFlow does not prefetch.
+    # On-demand first, then prefetch: the patched TensorFlow's default.
     assert [(r["label"], r["patch_default"]) for r in out["lms"]] == [
-        ("LMS + on-demand", True),
-        ("LMS + on-demand + defrag", True),
-        ("LMS + prefetch (opt-in)", False),
+        ("LMS + on-demand", False),
+        ("LMS + on-demand + defrag", False),
+        ("LMS + prefetch (default)", True),
     ]
     # --memory made it a what-if, and the JSON says so.
     assert out["machine"]["hypothetical"] is True and out["machine"]["what_if"]
@@ -651,5 +651,7 @@ def test_engine_config_labels_are_what_reports_show() -> None:
     assert EngineConfig(1, 1, 1.0, lms=False).label() == "no LMS"
     assert EngineConfig(1, 1, 1.0).label() == "LMS + on-demand"
     assert EngineConfig(1, 1, 1.0, defrag=True).label() == "LMS + on-demand + defrag"
-    assert EngineConfig(1, 1, 1.0, prefetch=True).label() == "LMS + prefetch (opt-in)"
-    assert not EngineConfig(1, 1, 1.0, prefetch=True).patch_default
+    assert EngineConfig(1, 1, 1.0, prefetch=True).label() == "LMS + prefetch (default)"
+    assert EngineConfig(1, 1, 1.0, prefetch=True).patch_default
+    assert not EngineConfig(1, 1, 1.0).patch_default
+    assert EngineConfig(1, 1, 1.0, lms=False).patch_default

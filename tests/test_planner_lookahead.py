@@ -69,7 +69,7 @@ def test_prefetch_stays_off_unless_a_lookahead_beats_on_demand_by_the_margin() -
     # On demand out of memory: the fastest prefetch that fits.
     assert recommend([_run(None, None, 6), _run(64, 3.0), _run(128, 2.0)]) == 128
     text = format_tuning_of([_run(None, 1.0, 6), _run(64, None), _run(128, 1.2)])
-    assert "keep prefetch off" in text and "out of memory in step 3 (op)" in text
+    assert "Recommendation: prefetch off" in text and "out of memory in step 3 (op)" in text
 
 
 def format_tuning_of(runs: list[Run]) -> str:

@@ -190,7 +190,7 @@ def test_paper_rows_get_the_planners_gain_and_step_cost() -> None:
     assert resnet["at_published_gain"]["batch"] == round(4.9 * base)
     if resnet["at_published_gain"]["fits"]:
         od = resnet["at_published_gain"]["on_demand"]
-        assert od["fits"] and od["patch_default"] and od["overhead"] >= 0
+        assert od["fits"] and not od["patch_default"] and od["overhead"] >= 0
     unet = rows[2]
     assert unet["planner_gain"] == paper["unet3d"]["voxel_ratio"]
     md = "\n".join(paper_markdown(paper))

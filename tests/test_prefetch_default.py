@@ -3,8 +3,9 @@
 The GPU allocators (the patch's lms_gpu_allocator.cc and tflms.addon's lms_gpu_device.cc)
 decide with tensorflow::lms::kPrefetchEnabledDefault when the program leaves prefetch
 unset; the patch's Python side, which must work without the compiled library, mirrors it
-for tf.config.experimental.get_lms_prefetch_enabled. Flipping the default means changing
-both lines; this test fails when only one is changed.
+for tf.config.experimental.get_lms_prefetch_enabled, and the planner mirrors it to label
+the rows it calls the patch's default. Flipping the default means changing the three
+lines; this test fails when only some are changed.
 """
 
 from __future__ import annotations
@@ -49,3 +50,14 @@ def test_both_allocators_take_the_default_from_the_one_constant() -> None:
         text = source.read_text()
         assert "kPrefetchEnabledDefault" in text, source
         assert not re.search(r"constexpr bool \w*[Pp]refetch\w*Default", text), source
+
+
+def test_the_planner_labels_what_the_patch_does_by_default() -> None:
+    # The planner's third copy: which rows it calls the patch's default and how it labels
+    # prefetch (tflms/planner/replay.py).
+    from tflms.planner.replay import PATCH_PREFETCH_DEFAULT, PREFETCH_LABEL, EngineConfig
+
+    assert cpp_default() == PATCH_PREFETCH_DEFAULT
+    assert ("default" in PREFETCH_LABEL) == cpp_default()
+    assert EngineConfig(1, 1, 1.0, prefetch=cpp_default()).patch_default
+    assert not EngineConfig(1, 1, 1.0, prefetch=not cpp_default()).patch_default

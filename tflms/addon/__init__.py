@@ -266,7 +266,7 @@ def set_lms_prefetch_enabled(enable: bool | None) -> None:
     As the patch's `tf.config.experimental.set_lms_prefetch_enabled`: LMS learns the order
     in which a step uses its tensors and maps evicted ones back ahead of their use, up to
     `get_lms_prefetch_lookahead()` tensor uses ahead. True and False are kept as asked;
-    None (and never calling it) leaves LMS's default, off. `TF_LMS_PREFETCH` (true/false),
+    None (and never calling it) leaves LMS's default, on. `TF_LMS_PREFETCH` (true/false),
     when set, overrides it when the allocators are created. Raises TypeError for anything
     else, RuntimeError once the runtime is up with another setting in force.
     """

@@ -95,11 +95,13 @@ def add_parsers(sub: Any) -> None:
     eng.add_argument(
         "--prefetch",
         action="store_true",
-        help="let the engine prefetch, each step's start marked (inside TensorFlow: opt-in "
-        "with TF_LMS_PREFETCH=1, steps learned from the kernels' step ids, not yet run on a GPU)",
+        help="let the engine prefetch, each step's start marked (inside TensorFlow LMS's "
+        "default, steps learned from the kernels' step ids, not yet run on a GPU)",
     )
     eng.add_argument(
-        "--no-prefetch", action="store_true", help="page in on demand only (the default)"
+        "--no-prefetch",
+        action="store_true",
+        help="page in on demand only (the planner's default; in TensorFlow, prefetch off)",
     )
     eng.add_argument("--defrag", action="store_true", help="enable defragmentation")
     eng.add_argument(

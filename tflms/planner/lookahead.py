@@ -176,8 +176,9 @@ def format_tuning(t: Tuning) -> str:
     lines.append("")
     if t.recommended is None:
         lines.append(
-            "Recommendation: keep prefetch off (no lookahead tried beats paging on demand by "
-            f"more than {100 * MARGIN:.0f}%)."
+            "Recommendation: prefetch off (no lookahead tried beats paging on demand by "
+            f"more than {100 * MARGIN:.0f}%): "
+            "tf.config.experimental.set_lms_prefetch_enabled(False)."
         )
     else:
         run = next(r for r in t.runs if r.lookahead == t.recommended)
@@ -195,6 +196,8 @@ def format_tuning(t: Tuning) -> str:
         )
         lines.append(
             f"Recommendation: prefetch on, lookahead {t.recommended} ({setting}): {m:.3f} s"
-            f"{gain}. Enable it with tf.config.experimental.set_lms_prefetch_enabled(True)."
+            f"{gain}. Prefetch is LMS's default; "
+            "tf.config.experimental.set_lms_prefetch_enabled(True) keeps it on whatever the "
+            "default."
         )
     return "\n".join(lines)

@@ -88,7 +88,7 @@ def largest_op_bytes(plan: StepPlan) -> int:
 
 
 def _step_cost(trace: Trace, machine: Machine, steps: int) -> dict[str, Any]:
-    """On-demand (the patch's default) and prefetch (opt-in) step cost of `trace`."""
+    """On-demand (prefetch off) and prefetch (the patch's default) step cost of `trace`."""
     plan = build_plan(trace, machine.gpu)
     largest = largest_op_bytes(plan)
     unlimited = replay_unlimited(plan, machine.gpu, machine.link_gbps, steps=steps)

@@ -41,8 +41,10 @@ early page-out for its copy if it has not landed. A pin that pages in does not
 block the host (the compute stream waits for the copy's event), unless making
 room for it does.
 
-Prefetch is off by default, as inside the patched TensorFlow (which does not
-mark steps); when it is asked for, it learns the pin order during the first step.
+Prefetch is LMS's default inside the patched TensorFlow, which learns steps from
+the kernels' step ids; the replay pages in on demand unless prefetch is asked for,
+and then marks each step's start exactly and learns the pin order during the first
+step, so a prefetch figure is what prefetch gives when the step is learned exactly.
 """
 
 from __future__ import annotations
@@ -359,11 +361,13 @@ def swap_bound_s(plan: StepPlan, device_memory: int, link_gbps: float) -> float:
 # launches several kernels fills it sooner, so the real run-ahead is at most this.
 LAUNCH_QUEUE_DEPTH = 1000
 
-# Inside the patched TensorFlow prefetch is opt-in (TF_LMS_PREFETCH=1), learns steps from
-# the kernels' step ids and has not run on a GPU yet (docs/how-it-works.md, Prefetch); the
-# replay marks steps exactly, so a prefetch figure is what prefetch gives at best: every one
-# is labelled.
-PREFETCH_LABEL = "prefetch (opt-in)"
+# Whether the patched TensorFlow prefetches when the program does not say: it mirrors
+# tensorflow::lms::kPrefetchEnabledDefault (tests/test_prefetch_default.py checks that they
+# agree). There prefetch learns steps from the kernels' step ids and has not run on a GPU
+# yet (docs/how-it-works.md, Prefetch); the replay marks steps exactly, so a prefetch figure
+# is what prefetch gives at best: every one is labelled.
+PATCH_PREFETCH_DEFAULT = True
+PREFETCH_LABEL = "prefetch (default)" if PATCH_PREFETCH_DEFAULT else "prefetch (opt-in)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,8 +378,8 @@ class EngineConfig:
     host_memory: int
     link_gbps: float
     lms: bool = True
-    # Off by default, as in the patched TensorFlow (opt-in there with TF_LMS_PREFETCH=1:
-    # docs/how-it-works.md, Prefetch).
+    # Off unless asked for: paging on demand does not depend on learning the step, which
+    # the patch's default prefetch does there (docs/how-it-works.md, Prefetch).
     prefetch: bool = False
     # The engine's experimental prefetch guard (core/src/prefetch_guard.cc): with prefetch,
     # times steps with and without it once learned and keeps the faster mode.
@@ -399,8 +403,10 @@ class EngineConfig:
 
     @property
     def patch_default(self) -> bool:
-        """True when this is what the patched TensorFlow does by default (no prefetch)."""
-        return not (self.lms and self.prefetch) and not self.fixed_addresses
+        """True when this is what the patched TensorFlow does by default (LMS off, or on
+        with prefetch as PATCH_PREFETCH_DEFAULT says)."""
+        on = not self.lms or self.prefetch == PATCH_PREFETCH_DEFAULT
+        return on and not self.fixed_addresses
 
     def label(self) -> str:
         if not self.lms:

@@ -10,6 +10,7 @@ from typing import Any
 from tflms.planner.gpu import format_bytes
 from tflms.planner.replay import (
     DEFAULT_LOOKAHEAD,
+    PREFETCH_LABEL,
     PREFETCH_MIN_STEPS,
     PREFETCH_SETTLE_STEPS,
     TIMED_STEPS,
@@ -243,7 +244,7 @@ def overhead_table(
 ) -> str:
     out = []
     for r in rows:
-        pf = "prefetch (opt-in)" if r["prefetch"] else "on-demand"
+        pf = PREFETCH_LABEL if r["prefetch"] else "on-demand"
         x = r.get("input_size") if size else r["batch_size"]
         where = r.get("machine") or r["link"]
         link = f"{where} ({r['link']})" if r.get("machine") else r["link"]
@@ -356,13 +357,15 @@ def _ideal_host_peak(r: dict[str, Any]) -> int:
 
 
 PREFETCH_NOTE = (
-    "On-demand is what the patched TensorFlow does today (pages in when a kernel pins a "
-    "reclaimed tensor). 'prefetch (opt-in)' is the engine's prefetch, off by default in the "
-    "patch (TF_LMS_PREFETCH=1 turns it on), with each step's start marked. Inside "
-    "TensorFlow the engine finds steps from the kernels' step ids and follows their pin "
-    "order only where it repeats, and the patch's prefetch has not run on a GPU yet: these "
-    "rows are what prefetch gives when the step is learned exactly, not a prediction "
-    "for the patch."
+    "'prefetch (default)' is the engine's prefetch, which the patched TensorFlow runs unless "
+    "the program turns it off, here with each step's start marked. Inside TensorFlow the "
+    "engine finds steps from the kernels' step ids and follows their pin order only where it "
+    "repeats, and the patch's prefetch has not run on a GPU yet: these rows are what "
+    "prefetch gives when the step is learned exactly, not a prediction for the patch. "
+    "On-demand (pages in when a kernel pins a reclaimed tensor) is what the patch does with "
+    "prefetch off (`tf.config.experimental.set_lms_prefetch_enabled(False)`), and about "
+    "what a step whose pin order does not repeat gets with it on (prefetch then follows no "
+    "order)."
 )
 
 
@@ -556,7 +559,7 @@ def paper_markdown(paper: dict[str, Any]) -> list[str]:
         elif at.get("on_demand"):
             od, pf = at["on_demand"], at["prefetch"]
             cost = (
-                f"{pct(od.get('overhead'))} on-demand, {pct(pf.get('overhead'))} prefetch (opt-in)"
+                f"{pct(od.get('overhead'))} on-demand, {pct(pf.get('overhead'))} {PREFETCH_LABEL}"
                 if od["fits"]
                 else "does not fit"
             )
@@ -625,8 +628,8 @@ def paper_markdown(paper: dict[str, Any]) -> list[str]:
         "  176x the voxels, which no whole-tensor swapping reaches for any U-Net.",
         "- Step costs: the papers report none for V100 (ISMM 2019 tuned the swapping; the 10-30%",
         "  of the 2018 graph-rewrite paper was on a P100 over NVLink 1, not modelled here).",
-        "  The planner's costs are on-demand paging over NVLink 2, as the patch does by",
-        "  default, with the engine's prefetch beside it as the opt-in upper bound.",
+        "  The planner's costs are on-demand paging over NVLink 2, as the patch does with",
+        "  prefetch off, with the engine's prefetch (its default) beside it as the upper bound.",
         "- The models' framework: Keras 3 on TensorFlow 2.21 (the papers: TensorFlow 1.x",
         "  scripts, whose largest batch without LMS also depends on data format and grappler's",
         "  layout pass), so the baselines the gains divide by differ too.",
@@ -655,10 +658,11 @@ def results_markdown(res: dict[str, Any]) -> str:
         "are pinned for the kernel's duration, its outputs are created pinned and that creation",
         "pin ends with the kernel, variables move between uses like any tensor, kernels that",
         "read no input bytes (Identity, Shape, ShapeN, ...) pin nothing, and a sliced tensor's",
-        "root stays in place while its slices live. LMS pages in on demand, as the patched",
-        "TensorFlow does by default; the engine's prefetch, off by default in the patch",
-        "(`TF_LMS_PREFETCH=1`) and given here each step's start, is shown only in",
-        "rows labelled *prefetch (opt-in)*.",
+        "root stays in place while its slices live. LMS pages in on demand unless a row is",
+        "labelled *prefetch (default)*: the engine's prefetch, which the patched TensorFlow",
+        "runs unless the program turns it off and which is given here each step's start.",
+        "The largest batches are searched paging on demand; docs/steadiness.md replays",
+        "each of them with prefetch too.",
         "",
         "Transformers (GPT-2 355M to 1.5B, BERT-large, Llama 3.2 1B; fp32 and mixed",
         "precision; GPT-2 1.5B with Adam on a 16 GiB GPU) have their own page,",

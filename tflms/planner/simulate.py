@@ -102,8 +102,8 @@ class Machine:
     def config(
         self, *, lms: bool = True, prefetch: bool = False, defrag: bool = False
     ) -> EngineConfig:
-        # Prefetch is off by default, as in the patched TensorFlow (TF_LMS_PREFETCH=1 opts
-        # in: docs/how-it-works.md, Prefetch). The add-on with LMS off hands TensorFlow
+        # Paging on demand unless prefetch is asked for: prefetch, the patch's default,
+        # learns the step there (docs/planner.md). The add-on with LMS off hands TensorFlow
         # its own allocator (docs/addon.md), so fixed addresses apply with LMS only.
         return EngineConfig(
             device_memory=self.gpu.memory_bytes,
@@ -246,9 +246,9 @@ def simulate_step(
 ) -> tuple[dict[str, Any], ReplayResult | None]:
     """Fit and step time at the trace's batch. Returns the report and the recorded LMS replay.
 
-    compare: also replay the other LMS variants (on-demand paging as the patched
-    TensorFlow runs, with defragmentation, and the engine's prefetch, which TensorFlow
-    runs only when asked to, TF_LMS_PREFETCH=1) so the report shows what each buys.
+    compare: also replay the other LMS variants (on-demand paging, as the patched
+    TensorFlow runs with prefetch off, with defragmentation, and the engine's prefetch,
+    TensorFlow's default with LMS on) so the report shows what each buys.
     """
     plan = build_plan(trace, machine.gpu)
     variants = [(prefetch, defrag)]
@@ -605,7 +605,7 @@ def overhead_points(
 
     machines: the machines to compare (real pairings); links: what-if links for
     `machine` instead. Each gets an on-demand row (as the patched TensorFlow runs) and a
-    row with the engine's prefetch (opt-in inside TensorFlow).
+    row with the engine's prefetch (LMS's default inside TensorFlow).
     """
     targets = list(machines) or [machine.on_link(n, g) for n, g in links] or [machine]
     rows: list[dict[str, Any]] = []

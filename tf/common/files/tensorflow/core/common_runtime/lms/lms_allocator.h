@@ -59,7 +59,7 @@ inline constexpr int64_t kMinLmsLimit = 256;
 // mirrors it (_LMS_PREFETCH_ENABLED_DEFAULT in python/eager/context.py, which
 // must run without this library), and a test of the tflms repository checks
 // that the two agree.
-inline constexpr bool kPrefetchEnabledDefault = false;
+inline constexpr bool kPrefetchEnabledDefault = true;
 
 // TF_LMS_VERIFY_PINS, when set, overrides *verify_pins (EngineOptions): true
 // or 1 checks at every pin that a tensor holds the bytes its last unpin left
