@@ -790,7 +790,8 @@ def results_markdown(res: dict[str, Any]) -> str:
         else:
             lines.append("Nothing to measure: LMS does not extend this model here.")
         lines.append("")
-    # Goals (16 GB V100, on its real machines; on-demand as the patched TF runs)
+    # Goals (16 GB V100, on its real machines; on demand, as the patched TF runs with
+    # prefetch off)
     for s in studies:
         m = s["machine"]
         if not m["gpu"].startswith("v100-16") or m.get("hypothetical"):

@@ -604,8 +604,8 @@ def overhead_points(
     """Step-time overhead of LMS at each batch on each machine (same GPU, other links).
 
     machines: the machines to compare (real pairings); links: what-if links for
-    `machine` instead. Each gets an on-demand row (as the patched TensorFlow runs) and a
-    row with the engine's prefetch (LMS's default inside TensorFlow).
+    `machine` instead. Each gets an on-demand row (as the patched TensorFlow runs with
+    prefetch off) and a row with the engine's prefetch (LMS's default inside TensorFlow).
     """
     targets = list(machines) or [machine.on_link(n, g) for n, g in links] or [machine]
     rows: list[dict[str, Any]] = []

@@ -7,7 +7,7 @@ Three studies, written to docs/transformers.md:
   keeps, the largest batch without and with LMS, and the step time at batch 1;
 - sequence-length scaling: GPT-2 355M from 256 to 4096 tokens;
 - the goal: GPT-2 1.5B with Adam in fp32 (weights, slots and gradients about 25 GB) trained on a
-  16 GiB GPU, at batches 1, 2 and 4, with on-demand paging (the patch's default) and prefetch.
+  16 GiB GPU, at batches 1, 2 and 4, with on-demand paging and prefetch (the patch's default).
 
 Everything is replayed through the engine as the patch runs it (tflms.planner.replay); the
 traces come from keras-hub models built from their configurations (tflms.trace.transformers).
@@ -160,7 +160,7 @@ def _goal_summary(goal: list[dict[str, Any]]) -> str:
             f"on {machine} it trains at batch {first_batch} in {secs(first['step_time_s'])} a "
             f"step ({pct(first['overhead'])} against unlimited memory), up to batch {top} here"
         )
-    return "With LMS (on demand, the patch's default), " + "; ".join(parts) + "."
+    return "With LMS (on demand: prefetch off), " + "; ".join(parts) + "."
 
 
 def study_goal(machines: list[Machine], *, steps: int) -> list[dict[str, Any]]:
