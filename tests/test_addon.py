@@ -173,8 +173,9 @@ if sys.argv[1] == "addon":
     tf.config.experimental.set_lms_enabled(True)
     tf.config.experimental.set_lms_defrag_enabled(True)
     assert tf.config.experimental.get_lms_enabled()
-    # Prefetch unset: the library's one default constant, both as Python reports it and as
-    # the allocator would resolve it; explicit False and True are kept, None unsets again.
+    # Prefetch unset: the library's default constant (the fixed-address mode's), both as
+    # Python reports it and as the allocator would resolve it; explicit False and True are
+    # kept, None unsets again.
     import os
     os.environ.pop("TF_LMS_PREFETCH", None)
     lib = tflms.addon._require()
@@ -257,9 +258,12 @@ print("DIGEST", digest.hexdigest())
 
 
 def _expected_prefetch_default() -> bool:
-    """kPrefetchEnabledDefault as the patch's header declares it (the add-on compiles it)."""
+    """The add-on's default as the patch's header declares it (the add-on compiles it):
+    kFixedAddressPrefetchEnabledDefault, the fixed-address mode's."""
     header = ROOT / "tf/common/files/tensorflow/core/common_runtime/lms/lms_allocator.h"
-    (value,) = re.findall(r"kPrefetchEnabledDefault = (true|false);", header.read_text())
+    (value,) = re.findall(
+        r"kFixedAddressPrefetchEnabledDefault = (true|false);", header.read_text()
+    )
     return value == "true"
 
 

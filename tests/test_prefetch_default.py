@@ -1,11 +1,12 @@
-"""LMS prefetch's default is one switch: the C++ constant and its Python mirror agree.
+"""LMS prefetch's defaults live in one header, and their mirrors agree with it.
 
-The GPU allocators (the patch's lms_gpu_allocator.cc and tflms.addon's lms_gpu_device.cc)
-decide with tensorflow::lms::kPrefetchEnabledDefault when the program leaves prefetch
-unset; the patch's Python side, which must work without the compiled library, mirrors it
-for tf.config.experimental.get_lms_prefetch_enabled, and the planner mirrors it to label
-the rows it calls the patch's default. Flipping the default means changing the three
-lines; this test fails when only some are changed.
+The GPU allocators decide with the constants of lms_allocator.h when the program leaves
+prefetch unset: the patch's lms_gpu_allocator.cc with tensorflow::lms::kPrefetchEnabledDefault,
+tflms.addon's lms_gpu_device.cc (the engine's fixed-address mode) with
+kFixedAddressPrefetchEnabledDefault. The patch's Python side, which must work without the
+compiled library, mirrors the first for tf.config.experimental.get_lms_prefetch_enabled, and
+the planner mirrors both to label the rows it calls a default. Flipping a default means
+changing its constant and its mirrors; these tests fail when only some are changed.
 """
 
 from __future__ import annotations
@@ -20,15 +21,20 @@ ADDON = REPO / "tflms/addon/csrc/lms_gpu_device.cc"
 ALLOCATOR = REPO / "tf/common/files/tensorflow/core/common_runtime/gpu/lms/lms_gpu_allocator.cc"
 
 
-def cpp_default() -> bool:
-    """kPrefetchEnabledDefault as lms_allocator.h declares it."""
-    found = re.findall(
-        r"^inline constexpr bool kPrefetchEnabledDefault = (true|false);$",
-        HEADER.read_text(),
-        re.M,
-    )
-    assert len(found) == 1, found
+def _header_constant(name: str) -> bool:
+    found = re.findall(rf"^inline constexpr bool {name} = (true|false);$", HEADER.read_text(), re.M)
+    assert len(found) == 1, (name, found)
     return found[0] == "true"
+
+
+def cpp_default() -> bool:
+    """kPrefetchEnabledDefault as lms_allocator.h declares it (the patch's default)."""
+    return _header_constant("kPrefetchEnabledDefault")
+
+
+def fixed_address_default() -> bool:
+    """kFixedAddressPrefetchEnabledDefault (the add-on's default) as lms_allocator.h has it."""
+    return _header_constant("kFixedAddressPrefetchEnabledDefault")
 
 
 def _python_default() -> bool:
@@ -43,21 +49,34 @@ def test_cpp_default_and_its_python_mirror_agree() -> None:
     assert cpp_default() == _python_default()
 
 
-def test_both_allocators_take_the_default_from_the_one_constant() -> None:
-    # Neither GPU allocator may carry its own copy of the default: each reads the constant
-    # where the program left prefetch unset.
-    for source in (ALLOCATOR, ADDON):
-        text = source.read_text()
-        assert "kPrefetchEnabledDefault" in text, source
-        assert not re.search(r"constexpr bool \w*[Pp]refetch\w*Default", text), source
+def test_each_allocator_takes_its_default_from_the_header() -> None:
+    # Neither GPU allocator may carry its own copy of a default: each reads its mode's
+    # constant where the program left prefetch unset.
+    for source, constant in (
+        (ALLOCATOR, "kPrefetchEnabledDefault"),
+        (ADDON, "tensorflow::lms::kFixedAddressPrefetchEnabledDefault"),
+    ):
+        code = "\n".join(
+            line for line in source.read_text().splitlines() if not line.lstrip().startswith("//")
+        )
+        assert re.search(rf"\b{re.escape(constant)}\b", code), (source, constant)
+        assert not re.search(r"constexpr bool \w*[Pp]refetch\w*Default", code), source
 
 
 def test_the_planner_labels_what_the_patch_does_by_default() -> None:
-    # The planner's third copy: which rows it calls the patch's default and how it labels
-    # prefetch (tflms/planner/replay.py).
-    from tflms.planner.replay import PATCH_PREFETCH_DEFAULT, PREFETCH_LABEL, EngineConfig
+    # The planner's copies: which rows it calls the patch's default and how it labels
+    # prefetch, with and without fixed addresses (tflms/planner/replay.py).
+    from tflms.planner.replay import (
+        ADDON_PREFETCH_DEFAULT,
+        PATCH_PREFETCH_DEFAULT,
+        PREFETCH_LABEL,
+        EngineConfig,
+    )
 
     assert cpp_default() == PATCH_PREFETCH_DEFAULT
+    assert fixed_address_default() == ADDON_PREFETCH_DEFAULT
     assert ("default" in PREFETCH_LABEL) == cpp_default()
     assert EngineConfig(1, 1, 1.0, prefetch=cpp_default()).patch_default
     assert not EngineConfig(1, 1, 1.0, prefetch=not cpp_default()).patch_default
+    fixed = EngineConfig(1, 1, 1.0, prefetch=True, fixed_addresses=True).label()
+    assert ("(default)" in fixed) == fixed_address_default(), fixed

@@ -59,8 +59,8 @@ HOST_STAT_FUNCTIONS: dict[str, str] = {
 
 _lib: ctypes.CDLL | None = None
 # Python's view of the settings; the library holds the ones TensorFlow reads. "prefetch"
-# None: never set, so the library's default (kPrefetchEnabledDefault) applies, as for the
-# patch's unset GPUOptions.experimental.lms_prefetch_enabled.
+# None: never set, so the library's default (kFixedAddressPrefetchEnabledDefault) applies,
+# as the patch's kPrefetchEnabledDefault does for an unset lms_prefetch_enabled.
 _settings: dict[str, Any] = {
     "enabled": False,
     "defrag": False,
@@ -184,7 +184,7 @@ def _check_bool(name: str, value: Any) -> None:
 
 
 def _prefetch_default() -> bool:
-    """LMS's own prefetch default (the library's kPrefetchEnabledDefault)."""
+    """The add-on's prefetch default (the library's kFixedAddressPrefetchEnabledDefault)."""
     return bool(_require().tflms_addon_prefetch_default())
 
 
@@ -266,7 +266,9 @@ def set_lms_prefetch_enabled(enable: bool | None) -> None:
     As the patch's `tf.config.experimental.set_lms_prefetch_enabled`: LMS learns the order
     in which a step uses its tensors and maps evicted ones back ahead of their use, up to
     `get_lms_prefetch_lookahead()` tensor uses ahead. True and False are kept as asked;
-    None (and never calling it) leaves LMS's default, on. `TF_LMS_PREFETCH` (true/false),
+    None (and never calling it) leaves the add-on's default, off (unlike the patch: mapping
+    pages back ahead of use has not yet beaten paging on demand on a GPU). `TF_LMS_PREFETCH`
+    (true/false),
     when set, overrides it when the allocators are created. Raises TypeError for anything
     else, RuntimeError once the runtime is up with another setting in force.
     """

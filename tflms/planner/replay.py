@@ -368,6 +368,9 @@ LAUNCH_QUEUE_DEPTH = 1000
 # is what prefetch gives at best: every one is labelled.
 PATCH_PREFETCH_DEFAULT = True
 PREFETCH_LABEL = "prefetch (default)" if PATCH_PREFETCH_DEFAULT else "prefetch (opt-in)"
+# The add-on's (fixed addresses): tensorflow::lms::kFixedAddressPrefetchEnabledDefault.
+ADDON_PREFETCH_DEFAULT = False
+ADDON_PREFETCH_LABEL = "prefetch (default)" if ADDON_PREFETCH_DEFAULT else "prefetch (opt-in)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,7 +414,8 @@ class EngineConfig:
     def label(self) -> str:
         if not self.lms:
             return "no LMS"
-        parts = ["LMS", PREFETCH_LABEL if self.prefetch else "on-demand"]
+        prefetch = ADDON_PREFETCH_LABEL if self.fixed_addresses else PREFETCH_LABEL
+        parts = ["LMS", prefetch if self.prefetch else "on-demand"]
         if self.prefetch and self.prefetch_guard:
             parts.append("guard")
         if self.defrag:

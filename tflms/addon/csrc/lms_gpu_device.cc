@@ -112,8 +112,10 @@ struct Settings {
   bool lms_enabled = false;
   bool defrag_enabled = false;
   int64_t lms_limit = 0;
-  // -1: never set from Python, so tensorflow::lms::kPrefetchEnabledDefault
-  // applies (the patch's unset lms_prefetch_enabled); 0 or 1: set.
+  // -1: never set from Python, so
+  // tensorflow::lms::kFixedAddressPrefetchEnabledDefault applies (as the
+  // patch's unset lms_prefetch_enabled does kPrefetchEnabledDefault); 0 or 1:
+  // set.
   int prefetch_enabled = -1;
   int prefetch_lookahead = 0;  // 0: the engine's default
 };
@@ -134,13 +136,15 @@ std::map<int, LmsAllocator*> g_allocators;  // guarded by g_mu
 std::map<int, tflms::CudaDevice*> g_cuda_devices;  // guarded by g_mu
 
 // Prefetch as the patch decides it (lms_gpu_allocator.cc): the Python
-// setting, or kPrefetchEnabledDefault where Python never set it, overridden
+// setting, or the fixed-address mode's default where Python never set it
+// (kFixedAddressPrefetchEnabledDefault: this is that mode), overridden
 // either way by TF_LMS_PREFETCH when that is set to a boolean
 // (true/false/1/0, any case); any other value is reported and the setting
 // kept.
 bool PrefetchEnabled(int setting, int tf_device_id) {
   const bool from_settings =
-      setting < 0 ? tensorflow::lms::kPrefetchEnabledDefault : setting != 0;
+      setting < 0 ? tensorflow::lms::kFixedAddressPrefetchEnabledDefault
+                  : setting != 0;
   const char* env = std::getenv("TF_LMS_PREFETCH");
   if (env == nullptr || *env == '\0') return from_settings;
   std::string value(env);
@@ -483,7 +487,7 @@ int tflms_addon_install(char* error, int error_len) {
 }
 
 // LMS settings for GPUs whose allocators are created from now on;
-// prefetch_enabled -1 leaves prefetch to kPrefetchEnabledDefault. Returns 1
+// prefetch_enabled -1 leaves prefetch to its default. Returns 1
 // when an allocator was already asked for (the settings in force stay).
 int tflms_addon_set_options(int lms_enabled, int defrag_enabled,
                             int64_t lms_limit, int prefetch_enabled,
@@ -501,14 +505,15 @@ int tflms_addon_set_options(int lms_enabled, int defrag_enabled,
   return 0;
 }
 
-// tensorflow::lms::kPrefetchEnabledDefault, for get_lms_prefetch_enabled
-// while Python has not set prefetch: the one constant, not a Python copy.
+// tensorflow::lms::kFixedAddressPrefetchEnabledDefault, for
+// get_lms_prefetch_enabled while Python has not set prefetch: the header's
+// constant, not a Python copy.
 int tflms_addon_prefetch_default() {
-  return tensorflow::lms::kPrefetchEnabledDefault ? 1 : 0;
+  return tensorflow::lms::kFixedAddressPrefetchEnabledDefault ? 1 : 0;
 }
 
 // 1 when a GPU allocator created now would prefetch: the settings resolved
-// exactly as CreateLocked resolves them (kPrefetchEnabledDefault where
+// exactly as CreateLocked resolves them (the default where
 // Python left prefetch unset, TF_LMS_PREFETCH over either). Lets the tests
 // check the resolution on machines without a GPU.
 int tflms_addon_prefetch_resolved() {
