@@ -155,14 +155,14 @@ def format_table(runs: dict[str, list[dict[str, Any]]]) -> str:
             )
         lines.append(f"| {LABELS[mode]} | " + " | ".join(cells) + " |")
     lines.append("")
+    base = {key: statistics.median(r[key] for r in runs["lms"]) for key, _, _ in COLUMNS[:6]}
     for mode in runs:
         if mode == "lms":
             continue
         ratios = []
         for key, label, _ in COLUMNS[:6]:
-            base = statistics.median(r[key] for r in runs["lms"])
             other = statistics.median(r[key] for r in runs[mode])
-            ratios.append(f"{label} {other / base:.2f}x" if base else f"{label} -")
+            ratios.append(f"{label} {other / base[key]:.2f}x" if base[key] else f"{label} -")
         lines.append(f"{LABELS[mode]} / on-demand (medians): " + ", ".join(ratios))
     return "\n".join(lines)
 

@@ -367,10 +367,16 @@ LAUNCH_QUEUE_DEPTH = 1000
 # yet (docs/how-it-works.md, Prefetch); the replay marks steps exactly, so a prefetch figure
 # is what prefetch gives at best: every one is labelled.
 PATCH_PREFETCH_DEFAULT = True
-PREFETCH_LABEL = "prefetch (default)" if PATCH_PREFETCH_DEFAULT else "prefetch (opt-in)"
 # The add-on's (fixed addresses): tensorflow::lms::kFixedAddressPrefetchEnabledDefault.
 ADDON_PREFETCH_DEFAULT = False
-ADDON_PREFETCH_LABEL = "prefetch (default)" if ADDON_PREFETCH_DEFAULT else "prefetch (opt-in)"
+
+
+def _prefetch_label(default: bool) -> str:
+    return "prefetch (default)" if default else "prefetch (opt-in)"
+
+
+PREFETCH_LABEL = _prefetch_label(PATCH_PREFETCH_DEFAULT)
+ADDON_PREFETCH_LABEL = _prefetch_label(ADDON_PREFETCH_DEFAULT)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -357,7 +357,7 @@ def _ideal_host_peak(r: dict[str, Any]) -> int:
 
 
 PREFETCH_NOTE = (
-    "'prefetch (default)' is the engine's prefetch, which the patched TensorFlow runs unless "
+    f"'{PREFETCH_LABEL}' is the engine's prefetch, which the patched TensorFlow runs unless "
     "the program turns it off, here with each step's start marked. Inside TensorFlow the "
     "engine finds steps from the kernels' step ids and follows their pin order only where it "
     "repeats, and the patch's prefetch has not run on a GPU yet: these rows are what "
@@ -659,7 +659,7 @@ def results_markdown(res: dict[str, Any]) -> str:
         "pin ends with the kernel, variables move between uses like any tensor, kernels that",
         "read no input bytes (Identity, Shape, ShapeN, ...) pin nothing, and a sliced tensor's",
         "root stays in place while its slices live. LMS pages in on demand unless a row is",
-        "labelled *prefetch (default)*: the engine's prefetch, which the patched TensorFlow",
+        f"labelled *{PREFETCH_LABEL}*: the engine's prefetch, which the patched TensorFlow",
         "runs unless the program turns it off and which is given here each step's start.",
         "The largest batches are searched paging on demand; docs/steadiness.md replays",
         "each of them with prefetch too.",
