@@ -86,7 +86,7 @@ def waited_allocations(log: str) -> list[str]:
 
 def program_output(result: dict) -> dict:
     """What the program computed, without the engine's statistics and timings."""
-    engine = ("stats", "wall_s", "kernel_wait_ns", "active_between_steps")
+    engine = ("stats", "wall_s", "kernel_wait_ns", "active_between_steps", "prefetch_enabled")
     return {k: v for k, v in result.items() if k not in engine}
 
 
@@ -579,6 +579,61 @@ def test_keras_fit_with_gpu_proportions_prefetches_what_on_demand_waits_for() ->
     # keras_fit's prefetch still waits for 137-184 MB where on demand pages in 137-457 MB.
     assert stats["bytes_paged_in_on_demand"] < 0.5 * waited, (stats, waited)
     assert stats["num_ooms"] == 0
+
+
+def test_keras_fit_that_never_sets_prefetch_gets_the_patch_default() -> None:
+    # The program says nothing about prefetch, as most will: the patch's own resolution
+    # (lms::PrefetchEnabled in lms_options.cc, the code a GPU's LMS allocator runs) reads
+    # GPUOptions with lms_prefetch_enabled unset and applies kPrefetchEnabledDefault.
+    from tests.test_prefetch_default import cpp_default
+
+    result = run_case("keras_fit_deep", "default")
+    assert program_output(result) == stock_output("keras_fit_deep")
+    assert result["prefetch_enabled"] == cpp_default()
+    stats = result["stats"]
+    assert stats["num_ooms"] == 0
+    if cpp_default():
+        assert stats["num_prefetch_steps"] >= 16, stats
+        assert stats["prefetch_hits"] >= 0.5 * stats["num_page_ins"], stats
+        assert stats["bytes_paged_in_on_demand"] < 0.5 * stats["bytes_paged_in"], stats
+    else:
+        assert stats["prefetch_hits"] == stats["num_prefetch_steps"] == 0, stats
+
+
+def test_tf_lms_prefetch_overrides_an_unset_setting_and_a_bad_value_is_named() -> None:
+    from tests.test_prefetch_default import cpp_default
+
+    default = cpp_default()
+    verbose = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    flipped = "0" if default else "1"
+    result, log = run_case_with_log("rnn", "default", {**verbose, "TF_LMS_PREFETCH": flipped})
+    assert result["prefetch_enabled"] == (not default)
+    assert (result["stats"]["num_prefetch_steps"] > 0) == (not default), result["stats"]
+    assert f"TF_LMS_PREFETCH={flipped} overrides" in log, log[-3000:]
+    assert "(" + ("true" if default else "false") + ", unset, the default)" in log
+    assert program_output(result) == stock_output("rnn")
+    result, log = run_case_with_log("rnn", "default", {**verbose, "TF_LMS_PREFETCH": "maybe"})
+    assert result["prefetch_enabled"] == default
+    assert "TF_LMS_PREFETCH" in log and "maybe" in log, log[-3000:]
+    # An explicit setting is the harness's own: the environment does not touch it.
+    result = run_case("rnn", "lms", {"TF_LMS_PREFETCH": "1"})
+    assert result["prefetch_enabled"] is False
+    assert result["stats"]["num_prefetch_steps"] == 0
+
+
+def test_fixed_addresses_left_unset_take_the_add_on_default() -> None:
+    from tests.test_prefetch_default import fixed_address_default
+
+    code = (
+        "import tflms.tfcpu as t\n"
+        "t.enable(device_memory='8MiB', fixed_addresses=True)\n"
+        "print('PREFETCH', t.prefetch_enabled())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TF_LMS_PREFETCH"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert f"PREFETCH {fixed_address_default()}" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_prefetch_guard_inside_tensorflow_times_both_modes_and_keeps_values() -> None:

@@ -79,7 +79,9 @@ def _setup(case: str, mode: str) -> Any:
             device_memory=memory,
             host_memory=host,
             defrag=mode == "defrag",
-            prefetch=mode in ("prefetch", "guarded"),
+            # "default" leaves prefetch unset: the patch's own code resolves it, as it
+            # does for a program that never calls set_lms_prefetch_enabled.
+            prefetch=None if mode == "default" else mode in ("prefetch", "guarded"),
             # "prefetch" tests prefetch itself in every step; "guarded" lets the
             # engine's guard time steps with and without it and keep the faster.
             prefetch_guard=mode == "guarded",
@@ -782,6 +784,7 @@ def main(argv: list[str]) -> None:
 
         result["stats"] = tc.stats()
         result["kernel_wait_ns"] = tc._kernel_wait_ns()  # noqa: SLF001
+        result["prefetch_enabled"] = tc.prefetch_enabled()
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "defragment",
     "enable",
     "enabled",
+    "prefetch_enabled",
     "reclaim_inactive",
     "stats",
 ]
@@ -73,7 +74,7 @@ def enable(
     device_memory: int | str = "64MiB",
     host_memory: int | str = "1GiB",
     defrag: bool = False,
-    prefetch: bool = False,
+    prefetch: bool | None = None,
     verify_moves: bool = False,
     lms: bool = True,
     fixed_addresses: bool = False,
@@ -94,6 +95,12 @@ def enable(
     bytes are the ones its last unpin left (a stale page-in or a write no pin covered
     fails the kernel with an error naming the buffer); it reads each tensor twice per
     use, so it is for tests and for hunting such bugs.
+    prefetch=None resolves prefetch as the patched TensorFlow does for a program that
+    never sets it, through the patch's own code (lms_options.cc): on
+    (kPrefetchEnabledDefault), or off with fixed_addresses as in tflms.addon
+    (kFixedAddressPrefetchEnabledDefault); TF_LMS_PREFETCH, when set, overrides it.
+    True or False is taken as given, whatever the environment says.
+    `prefetch_enabled()` says what the engine runs.
     With prefetch, prefetch_guard (the engine's experimental guard, off by default)
     times steps with and without prefetch once a step is learned and keeps the faster.
 
@@ -123,7 +130,7 @@ def enable(
         host_bytes,
         int(lms),
         int(defrag),
-        int(prefetch),
+        -1 if prefetch is None else int(prefetch),
         int(prefetch_guard),
         int(verify_moves),
         int(verify_pins),
@@ -163,6 +170,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tflms_tfcpu_delay_page_ins.argtypes = [ctypes.c_int]
     lib.tflms_tfcpu_model_link.argtypes = [ctypes.c_double]
     lib.tflms_tfcpu_kernel_wait_ns.restype = ctypes.c_int64
+    lib.tflms_tfcpu_prefetch_enabled.restype = ctypes.c_int
 
 
 def _make_unmovable(tensor: Any) -> None:
@@ -243,6 +251,11 @@ def stats() -> dict[str, int]:
         name, value = line.split()
         out[name] = int(value)
     return out
+
+
+def prefetch_enabled() -> bool:
+    """Whether the engine prefetches, as enable() resolved it."""
+    return bool(_require().tflms_tfcpu_prefetch_enabled() == 1)
 
 
 def reclaim_inactive() -> int:

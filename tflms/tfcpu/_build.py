@@ -34,6 +34,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 PATCH_SOURCES = (
     "tensorflow/core/framework/movable_tensor_buffer.cc",
     "tensorflow/core/common_runtime/lms/lms_allocator.cc",
+    "tensorflow/core/common_runtime/lms/lms_options.cc",
     "tensorflow/core/common_runtime/lms/kernel_pins.cc",
 )
 

@@ -29,6 +29,13 @@ COVERAGE: list[tuple[str, str, str]] = [
         "called by the harness device's Compute, ComputeAsync and same-device copy, as "
         "the GPU device's hunks call it through gpu/lms/lms_kernel_pins.h",
     ),
+    (
+        "common_runtime/lms/lms_options.{h,cc}",
+        RUNS,
+        "enable() with prefetch unset resolves it here as a GPU's LMS allocator does: "
+        "GPUOptions without lms_prefetch_enabled (the stock config.pb.h has no such "
+        "field, so the set case is not run), the default constant, TF_LMS_PREFETCH",
+    ),
     ("gpu/lms/core (the engine)", RUNS, "compiled from the patch's copy"),
     (
         "02-tensor-buffer-movable-data (tensor.h)",

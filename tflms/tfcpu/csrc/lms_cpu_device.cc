@@ -36,11 +36,13 @@
 #include "tensorflow/c/tf_tensor.h"
 #include "tensorflow/core/common_runtime/lms/kernel_pins.h"
 #include "tensorflow/core/common_runtime/lms/lms_allocator.h"
+#include "tensorflow/core/common_runtime/lms/lms_options.h"
 #include "tensorflow/core/common_runtime/threadpool_device.h"
 #include "tensorflow/core/framework/device_attributes.pb.h"
 #include "tensorflow/core/framework/device_factory.h"
 #include "tensorflow/core/framework/movable_tensor_buffer.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/protobuf/config.pb.h"
 #include "tensorflow/core/public/session_options.h"
 #include "tflms/engine.h"
 
@@ -65,6 +67,7 @@ constexpr int kFactoryPriority = 100;  // above the stock CPU factory's 70
 // Set once by Enable, then read-only: the process-wide LMS allocator.
 tensorflow::lms::LmsAllocator* g_allocator = nullptr;
 HostComputeDevice* g_device = nullptr;  // owned by g_allocator
+bool g_prefetch_enabled = false;        // the engine's, set with g_allocator
 std::mutex g_enable_mu;                 // serializes Enable and Rehook
 
 class LmsCpuDevice : public tensorflow::ThreadPoolDevice {
@@ -161,8 +164,13 @@ extern "C" {
 // baseline tests compare allocation counts against).
 // fixed_page_size > 0 selects the engine's fixed-address mode with pages of
 // that many bytes (the add-on's mode: addresses never change, evicted pages
-// are unmapped, so a read no pin covers faults). prefetch_guard: the
-// engine's guard (EngineOptions::prefetch_guard), timing steps in real time.
+// are unmapped, so a read no pin covers faults). prefetch: 0 or 1 as asked;
+// -1 resolves it as a GPU's LMS allocator resolves a program that never set
+// it (lms::PrefetchEnabled over GPUOptions with lms_prefetch_enabled unset,
+// TF_LMS_PREFETCH overriding), with the default of the allocator's mode:
+// kPrefetchEnabledDefault, or kFixedAddressPrefetchEnabledDefault with fixed
+// addresses. prefetch_guard: the engine's guard
+// (EngineOptions::prefetch_guard), timing steps in real time.
 int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
                        int defrag, int prefetch, int prefetch_guard,
                        int verify_moves, int verify_pins,
@@ -202,7 +210,15 @@ int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
   options.defrag_enabled = defrag != 0;
   options.verify_moves = verify_moves != 0;
   options.verify_pins = verify_pins != 0;
-  options.prefetch_enabled = prefetch != 0;
+  options.prefetch_enabled =
+      prefetch >= 0
+          ? prefetch != 0
+          : tensorflow::lms::PrefetchEnabled(
+                tensorflow::GPUOptions(),
+                fixed_page_size > 0
+                    ? tensorflow::lms::kFixedAddressPrefetchEnabledDefault
+                    : tensorflow::lms::kPrefetchEnabledDefault,
+                "tflms.tfcpu's CPU:0");
   options.prefetch_guard = prefetch_guard != 0;
   if (fixed_page_size > 0) {
     options.fixed_addresses = true;
@@ -220,10 +236,20 @@ int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
   // Lives as long as the process, like a GPU's allocator.
   g_allocator = allocator->release();
   g_device = device_ptr;
+  g_prefetch_enabled = options.prefetch_enabled;
   tensorflow::DeviceFactory::Register(
       "CPU", std::make_unique<LmsCpuDeviceFactory>(), kFactoryPriority,
       /*is_pluggable_device=*/false);
   return 0;
+}
+
+// Whether the engine prefetches, as enable resolved it: 1 or 0; -1 before
+// enable.
+int tflms_tfcpu_prefetch_enabled() {
+  using namespace tflms_tfcpu;  // NOLINT
+  std::lock_guard<std::mutex> lock(g_enable_mu);
+  if (g_allocator == nullptr) return -1;
+  return g_prefetch_enabled ? 1 : 0;
 }
 
 // Rewrites the GOT of libraries loaded since enable (custom-op libraries).

@@ -32,6 +32,7 @@ limitations under the License.
 #include "absl/strings/str_cat.h"
 #include "tensorflow/core/common_runtime/device_id_utils.h"
 #include "tensorflow/core/common_runtime/lms/lms_allocator.h"
+#include "tensorflow/core/common_runtime/lms/lms_options.h"
 #include "tensorflow/core/common_runtime/gpu/lms/stream_executor_lms_device.h"
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/protobuf/config.pb.h"
@@ -76,87 +77,6 @@ bool GarbageCollection() {
                                            /*default_val=*/true, &enabled);
   if (!s.ok()) LOG(ERROR) << s;
   return enabled;
-}
-
-// LMS's GPUOptions.Experimental fields are read through reflection, by name:
-// this file is also compiled against the released config.pb.h, which has no
-// accessors for them. Null when the field is absent or not of `type`.
-const google::protobuf::FieldDescriptor* LmsField(
-    const GPUOptions::Experimental& experimental, const char* name,
-    google::protobuf::FieldDescriptor::CppType type) {
-  const google::protobuf::FieldDescriptor* field =
-      experimental.GetDescriptor()->FindFieldByName(name);
-  return field != nullptr && field->cpp_type() == type ? field : nullptr;
-}
-
-// The effective prefetch setting, decided here only. The option
-// GPUOptions.experimental.lms_prefetch_enabled has presence: set to true or
-// false it is what the program asked for; unset, kPrefetchEnabledDefault
-// (lms_allocator.h) applies. When prefetch is on, the engine pages in the next
-// tensors of the learnt step order ahead of use, learning steps from the step
-// ids the pin sites pass. The environment variable TF_LMS_PREFETCH, when set,
-// overrides the option either way (as TF_FORCE_GPU_ALLOW_GROWTH overrides
-// allow_growth), so an experiment can switch prefetch without touching the
-// program.
-bool PrefetchEnabled(const GPUOptions& options, int id) {
-  bool from_options = kPrefetchEnabledDefault;
-  const char* source = "unset, the default";
-  const GPUOptions::Experimental& experimental = options.experimental();
-  if (const auto* field =
-          LmsField(experimental, "lms_prefetch_enabled",
-                   google::protobuf::FieldDescriptor::CPPTYPE_BOOL)) {
-    const auto* reflection = experimental.GetReflection();
-    // A field without presence (a config.proto declaring it as a plain bool)
-    // cannot say "unset": only true then differs from not saying anything.
-    const bool set = field->has_presence()
-                         ? reflection->HasField(experimental, field)
-                         : reflection->GetBool(experimental, field);
-    if (set) {
-      from_options = reflection->GetBool(experimental, field);
-      source = "set";
-    }
-  }
-  const char* env = std::getenv("TF_LMS_PREFETCH");
-  if (env == nullptr || std::strlen(env) == 0) return from_options;
-  bool from_env = from_options;
-  absl::Status s = tsl::ReadBoolFromEnvVar("TF_LMS_PREFETCH",
-                                           /*default_val=*/from_options,
-                                           &from_env);
-  if (!s.ok()) {
-    LOG(ERROR) << s << " Using GPUOptions.experimental.lms_prefetch_enabled ("
-               << (from_options ? "true" : "false") << ", " << source
-               << ") for GPU " << id << ".";
-    return from_options;
-  }
-  if (from_env != from_options) {
-    LOG(INFO) << "TF_LMS_PREFETCH=" << env << " overrides "
-              << "GPUOptions.experimental.lms_prefetch_enabled ("
-              << (from_options ? "true" : "false") << ", " << source
-              << ") for GPU " << id << ": prefetch "
-              << (from_env ? "on" : "off") << ".";
-  }
-  return from_env;
-}
-
-// GPUOptions.experimental.lms_prefetch_lookahead: tensor uses (pins) looked
-// ahead for tensors to bring back; 0 keeps the engine's default. Negative
-// values keep the default too, with an error logged.
-int PrefetchLookahead(const GPUOptions& options, int id, int engine_default) {
-  const GPUOptions::Experimental& experimental = options.experimental();
-  const auto* field =
-      LmsField(experimental, "lms_prefetch_lookahead",
-               google::protobuf::FieldDescriptor::CPPTYPE_INT32);
-  if (field == nullptr) return engine_default;
-  const int32_t lookahead =
-      experimental.GetReflection()->GetInt32(experimental, field);
-  if (lookahead < 0) {
-    LOG(ERROR) << "GPUOptions.experimental.lms_prefetch_lookahead = "
-               << lookahead << " is ignored for GPU " << id << ": it must be "
-               << "0 (LMS's default, " << engine_default << ") or a positive "
-               << "number of tensor uses.";
-    return engine_default;
-  }
-  return lookahead == 0 ? engine_default : lookahead;
 }
 
 // GPUOptions.experimental.lms_limit_bytes is one value for every GPU of the
@@ -271,9 +191,11 @@ std::unique_ptr<tsl::Allocator> CreateLmsGpuAllocator(
   // The gpu_host_bfc allocator enforces TF_GPU_HOST_MEM_LIMIT_IN_MB.
   engine_options.host_memory_limit = 0;
   engine_options.defrag_enabled = defrag_enabled;
-  engine_options.prefetch_enabled = lms::PrefetchEnabled(options, id);
+  const std::string gpu = absl::StrCat("GPU ", id);
+  engine_options.prefetch_enabled =
+      lms::PrefetchEnabled(options, lms::kPrefetchEnabledDefault, gpu);
   engine_options.prefetch_lookahead = lms::PrefetchLookahead(
-      options, id, engine_options.prefetch_lookahead);
+      options, engine_options.prefetch_lookahead, gpu);
 
   lms::StreamExecutorLmsDevice* device_ptr = device->get();
   absl::StatusOr<std::unique_ptr<lms::LmsAllocator>> allocator =

@@ -1,0 +1,57 @@
+/* Copyright 2026 The TensorFlow Authors. All Rights Reserved.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+==============================================================================*/
+
+// LMS's settings in GPUOptions.experimental, as every LMS device resolves
+// them: what the program set, the default where it did not, and the
+// environment variable that overrides both for an experiment.
+//
+// The fields are read through reflection, by name, so that this file also
+// compiles against a released config.pb.h, which has no accessors for them
+// (tflms verify, and the CPU harness tflms.tfcpu, which runs this file inside
+// the stock tensorflow-cpu wheel: there every field reads as unset).
+#ifndef TENSORFLOW_CORE_COMMON_RUNTIME_LMS_LMS_OPTIONS_H_
+#define TENSORFLOW_CORE_COMMON_RUNTIME_LMS_LMS_OPTIONS_H_
+
+#include "absl/strings/string_view.h"
+#include "google/protobuf/descriptor.h"
+#include "tensorflow/core/protobuf/config.pb.h"
+
+namespace tensorflow {
+namespace lms {
+
+// GPUOptions.experimental's field `name`, or null when this config.proto has
+// none of that name or it is not of `type`.
+const google::protobuf::FieldDescriptor* LmsField(
+    const GPUOptions::Experimental& experimental, const char* name,
+    google::protobuf::FieldDescriptor::CppType type);
+
+// Whether the engine prefetches on `device` (a name for the log, e.g. "GPU
+// 0"). GPUOptions.experimental.lms_prefetch_enabled, when set, is what the
+// program asked for; unset, `unset_default` applies (kPrefetchEnabledDefault
+// in lms_allocator.h for the patch's allocator). TF_LMS_PREFETCH, when set to
+// a boolean, overrides either; any other value is logged and ignored.
+bool PrefetchEnabled(const GPUOptions& options, bool unset_default,
+                     absl::string_view device);
+
+// GPUOptions.experimental.lms_prefetch_lookahead: tensor uses (pins) looked
+// ahead for tensors to bring back; 0 (or a negative value, logged) keeps
+// `engine_default`.
+int PrefetchLookahead(const GPUOptions& options, int engine_default,
+                      absl::string_view device);
+
+}  // namespace lms
+}  // namespace tensorflow
+
+#endif  // TENSORFLOW_CORE_COMMON_RUNTIME_LMS_LMS_OPTIONS_H_
