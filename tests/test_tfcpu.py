@@ -614,7 +614,7 @@ def test_tf_lms_prefetch_overrides_an_unset_setting_and_a_bad_value_is_named() -
     assert program_output(result) == stock_output("rnn")
     result, log = run_case_with_log("rnn", "default", {**verbose, "TF_LMS_PREFETCH": "maybe"})
     assert result["prefetch_enabled"] == default
-    assert "TF_LMS_PREFETCH" in log and "maybe" in log, log[-3000:]
+    assert "TF_LMS_PREFETCH=maybe is not a boolean" in log, log[-3000:]
     # An explicit setting is the harness's own: the environment does not touch it.
     result = run_case("rnn", "lms", {"TF_LMS_PREFETCH": "1"})
     assert result["prefetch_enabled"] is False

@@ -46,6 +46,7 @@ SPEC = LibrarySpec(
     patch_sources=(
         "tensorflow/core/framework/movable_tensor_buffer.cc",
         "tensorflow/core/common_runtime/lms/lms_allocator.cc",
+        "tensorflow/core/common_runtime/lms/lms_options.cc",
         "tensorflow/core/common_runtime/lms/kernel_pins.cc",
     ),
     # The engine's CUDA backend: host code over the CUDA runtime, compiled as C++.

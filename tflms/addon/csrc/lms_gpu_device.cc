@@ -35,7 +35,6 @@
 // devices exist. LMS settings (tflms_addon_set_options) are read when a
 // GPU's allocator is created, i.e. when TensorFlow creates its devices.
 #include <algorithm>
-#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +55,7 @@
 #include "tensorflow/core/common_runtime/gpu_device_context.h"
 #include "tensorflow/core/common_runtime/lms/kernel_pins.h"
 #include "tensorflow/core/common_runtime/lms/lms_allocator.h"
+#include "tensorflow/core/common_runtime/lms/lms_options.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/device_base.h"
 #include "tensorflow/core/framework/movable_tensor_buffer.h"
@@ -135,28 +135,17 @@ std::map<int, LmsAllocator*> g_allocators;  // guarded by g_mu
 // The LMS allocator's engine device, per GPU: for attaching the stream.
 std::map<int, tflms::CudaDevice*> g_cuda_devices;  // guarded by g_mu
 
-// Prefetch as the patch decides it (lms_gpu_allocator.cc): the Python
-// setting, or the fixed-address mode's default where Python never set it
-// (kFixedAddressPrefetchEnabledDefault: this is that mode), overridden
-// either way by TF_LMS_PREFETCH when that is set to a boolean
-// (true/false/1/0, any case); any other value is reported and the setting
-// kept.
+// Prefetch as the patch decides it (lms_options.cc, the same function): the
+// Python setting, or the fixed-address mode's default where Python never set
+// it (kFixedAddressPrefetchEnabledDefault: this is that mode), overridden
+// either way by TF_LMS_PREFETCH when that is set to a boolean; any other
+// value is reported and the setting kept.
 bool PrefetchEnabled(int setting, int tf_device_id) {
-  const bool from_settings =
+  return tensorflow::lms::PrefetchWithEnvOverride(
       setting < 0 ? tensorflow::lms::kFixedAddressPrefetchEnabledDefault
-                  : setting != 0;
-  const char* env = std::getenv("TF_LMS_PREFETCH");
-  if (env == nullptr || *env == '\0') return from_settings;
-  std::string value(env);
-  for (char& c : value) c = static_cast<char>(std::tolower(c));
-  if (value == "true" || value == "1") return true;
-  if (value == "false" || value == "0") return false;
-  LOG(ERROR) << "TF_LMS_PREFETCH=" << env << " is not a boolean (true, false, "
-             << "1 or 0); GPU:" << tf_device_id << " uses the setting of "
-             << "tf.config.experimental.set_lms_prefetch_enabled ("
-             << (from_settings ? "true" : "false")
-             << (setting < 0 ? ", the default" : "") << ").";
-  return from_settings;
+                  : setting != 0,
+      "tf.config.experimental.set_lms_prefetch_enabled", setting >= 0,
+      absl::StrCat("GPU:", tf_device_id));
 }
 
 size_t HostLimitBytes() {

@@ -210,15 +210,21 @@ int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
   options.defrag_enabled = defrag != 0;
   options.verify_moves = verify_moves != 0;
   options.verify_pins = verify_pins != 0;
-  options.prefetch_enabled =
-      prefetch >= 0
-          ? prefetch != 0
-          : tensorflow::lms::PrefetchEnabled(
-                tensorflow::GPUOptions(),
-                fixed_page_size > 0
-                    ? tensorflow::lms::kFixedAddressPrefetchEnabledDefault
-                    : tensorflow::lms::kPrefetchEnabledDefault,
-                "tflms.tfcpu's CPU:0");
+  // Unset, as the GPU allocator that the mode stands for resolves it: the
+  // patch's from GPUOptions, the add-on's (fixed addresses) from its setting.
+  constexpr const char* kDevice = "tflms.tfcpu's CPU:0";
+  if (prefetch >= 0) {
+    options.prefetch_enabled = prefetch != 0;
+  } else if (fixed_page_size > 0) {
+    options.prefetch_enabled = tensorflow::lms::PrefetchWithEnvOverride(
+        tensorflow::lms::kFixedAddressPrefetchEnabledDefault,
+        "tf.config.experimental.set_lms_prefetch_enabled", /*was_set=*/false,
+        kDevice);
+  } else {
+    options.prefetch_enabled = tensorflow::lms::PrefetchEnabled(
+        tensorflow::GPUOptions(), tensorflow::lms::kPrefetchEnabledDefault,
+        kDevice);
+  }
   options.prefetch_guard = prefetch_guard != 0;
   if (fixed_page_size > 0) {
     options.fixed_addresses = true;

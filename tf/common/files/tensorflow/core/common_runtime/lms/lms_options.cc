@@ -36,10 +36,33 @@ const google::protobuf::FieldDescriptor* LmsField(
 // The environment variable overrides the option either way (as
 // TF_FORCE_GPU_ALLOW_GROWTH overrides allow_growth), so an experiment can
 // switch prefetch without touching the program.
+bool PrefetchWithEnvOverride(bool setting, absl::string_view name,
+                             bool was_set, absl::string_view device) {
+  const char* env = std::getenv("TF_LMS_PREFETCH");
+  if (env == nullptr || *env == '\0') return setting;
+  const char* source = was_set ? "set" : "unset, the default";
+  bool from_env = setting;
+  absl::Status s = tsl::ReadBoolFromEnvVar("TF_LMS_PREFETCH",
+                                           /*default_val=*/setting, &from_env);
+  if (!s.ok()) {
+    LOG(ERROR) << "TF_LMS_PREFETCH=" << env << " is not a boolean (true, "
+               << "false, 1 or 0): it is ignored, and " << device << " uses "
+               << name << " (" << (setting ? "true" : "false") << ", "
+               << source << ").";
+    return setting;
+  }
+  if (from_env != setting) {
+    LOG(INFO) << "TF_LMS_PREFETCH=" << env << " overrides " << name << " ("
+              << (setting ? "true" : "false") << ", " << source << ") for "
+              << device << ": prefetch " << (from_env ? "on" : "off") << ".";
+  }
+  return from_env;
+}
+
 bool PrefetchEnabled(const GPUOptions& options, bool unset_default,
                      absl::string_view device) {
   bool from_options = unset_default;
-  const char* source = "unset, the default";
+  bool set = false;
   const GPUOptions::Experimental& experimental = options.experimental();
   if (const auto* field =
           LmsField(experimental, "lms_prefetch_enabled",
@@ -47,34 +70,13 @@ bool PrefetchEnabled(const GPUOptions& options, bool unset_default,
     const auto* reflection = experimental.GetReflection();
     // A field without presence (a config.proto declaring it as a plain bool)
     // cannot say "unset": only true then differs from not saying anything.
-    const bool set = field->has_presence()
-                         ? reflection->HasField(experimental, field)
-                         : reflection->GetBool(experimental, field);
-    if (set) {
-      from_options = reflection->GetBool(experimental, field);
-      source = "set";
-    }
+    set = field->has_presence() ? reflection->HasField(experimental, field)
+                                : reflection->GetBool(experimental, field);
+    if (set) from_options = reflection->GetBool(experimental, field);
   }
-  const char* env = std::getenv("TF_LMS_PREFETCH");
-  if (env == nullptr || *env == '\0') return from_options;
-  bool from_env = from_options;
-  absl::Status s = tsl::ReadBoolFromEnvVar("TF_LMS_PREFETCH",
-                                           /*default_val=*/from_options,
-                                           &from_env);
-  if (!s.ok()) {
-    LOG(ERROR) << s << " Using GPUOptions.experimental.lms_prefetch_enabled ("
-               << (from_options ? "true" : "false") << ", " << source
-               << ") for " << device << ".";
-    return from_options;
-  }
-  if (from_env != from_options) {
-    LOG(INFO) << "TF_LMS_PREFETCH=" << env << " overrides "
-              << "GPUOptions.experimental.lms_prefetch_enabled ("
-              << (from_options ? "true" : "false") << ", " << source
-              << ") for " << device << ": prefetch "
-              << (from_env ? "on" : "off") << ".";
-  }
-  return from_env;
+  return PrefetchWithEnvOverride(
+      from_options, "GPUOptions.experimental.lms_prefetch_enabled", set,
+      device);
 }
 
 int PrefetchLookahead(const GPUOptions& options, int engine_default,

@@ -45,6 +45,14 @@ const google::protobuf::FieldDescriptor* LmsField(
 bool PrefetchEnabled(const GPUOptions& options, bool unset_default,
                      absl::string_view device);
 
+// `setting`, or TF_LMS_PREFETCH where that is set to a boolean (true, false, 1
+// or 0, any case), with the override logged; any other value is logged and
+// `setting` kept. `name` is the setting's name for the log (the GPUOptions
+// field, or the add-on's set_lms_prefetch_enabled) and `was_set` whether the
+// program set it. The one reading of TF_LMS_PREFETCH for every LMS allocator.
+bool PrefetchWithEnvOverride(bool setting, absl::string_view name,
+                             bool was_set, absl::string_view device);
+
 // GPUOptions.experimental.lms_prefetch_lookahead: tensor uses (pins) looked
 // ahead for tensors to bring back; 0 (or a negative value, logged) keeps
 // `engine_default`.
