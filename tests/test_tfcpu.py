@@ -630,10 +630,18 @@ def test_fixed_addresses_left_unset_take_the_add_on_default() -> None:
         "print('PREFETCH', t.prefetch_enabled())\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TF_LMS_PREFETCH"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
-    )
-    assert f"PREFETCH {fixed_address_default()}" in proc.stdout, proc.stderr[-3000:]
+    for override, want in ((None, fixed_address_default()), ("true", True), ("false", False)):
+        if override is not None:
+            env["TF_LMS_PREFETCH"] = override  # as the add-on reads it (lms_options.cc)
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert f"PREFETCH {want}" in proc.stdout, (override, proc.stderr[-3000:])
 
 
 def test_prefetch_guard_inside_tensorflow_times_both_modes_and_keeps_values() -> None:
