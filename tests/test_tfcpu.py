@@ -621,7 +621,9 @@ def test_tf_lms_prefetch_overrides_an_unset_setting_and_a_bad_value_is_named() -
     assert result["stats"]["num_prefetch_steps"] == 0
 
 
-def test_fixed_addresses_left_unset_take_the_add_on_default() -> None:
+def test_unset_prefetch_with_fixed_addresses_takes_the_add_on_default_and_without_lms_is_off() -> (
+    None
+):
     from tests.test_prefetch_default import fixed_address_default
 
     code = (
@@ -642,6 +644,14 @@ def test_fixed_addresses_left_unset_take_the_add_on_default() -> None:
             env=env,
         )
         assert f"PREFETCH {want}" in proc.stdout, (override, proc.stderr[-3000:])
+    # Without LMS nothing moves, so there is nothing to prefetch, whatever the default
+    # or the environment says.
+    code = code.replace("fixed_addresses=True", "lms=False")
+    env["TF_LMS_PREFETCH"] = "true"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert "PREFETCH False" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_prefetch_guard_inside_tensorflow_times_both_modes_and_keeps_values() -> None:

@@ -99,6 +99,7 @@ def enable(
     never sets it, through the patch's own code (lms_options.cc): on
     (kPrefetchEnabledDefault), or off with fixed_addresses as in tflms.addon
     (kFixedAddressPrefetchEnabledDefault); TF_LMS_PREFETCH, when set, overrides it.
+    With lms=False it is off.
     True or False is taken as given, whatever the environment says.
     `prefetch_enabled()` says what the engine runs.
     With prefetch, prefetch_guard (the engine's experimental guard, off by default)

@@ -165,12 +165,12 @@ extern "C" {
 // fixed_page_size > 0 selects the engine's fixed-address mode with pages of
 // that many bytes (the add-on's mode: addresses never change, evicted pages
 // are unmapped, so a read no pin covers faults). prefetch: 0 or 1 as asked;
-// -1 resolves it as a GPU's LMS allocator resolves a program that never set
-// it (lms::PrefetchEnabled over GPUOptions with lms_prefetch_enabled unset,
-// TF_LMS_PREFETCH overriding), with the default of the allocator's mode:
-// kPrefetchEnabledDefault, or kFixedAddressPrefetchEnabledDefault with fixed
-// addresses. prefetch_guard: the engine's guard
-// (EngineOptions::prefetch_guard), timing steps in real time.
+// -1 resolves it as the GPU allocator the mode stands for resolves a program
+// that never set it (lms_options.h): the patch's lms::PrefetchEnabled over
+// GPUOptions with lms_prefetch_enabled unset, or with fixed addresses the
+// add-on's kFixedAddressPrefetchEnabledDefault, TF_LMS_PREFETCH overriding
+// either; off with lms == 0, where nothing moves. prefetch_guard: the
+// engine's guard (EngineOptions::prefetch_guard), timing steps in real time.
 int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
                        int defrag, int prefetch, int prefetch_guard,
                        int verify_moves, int verify_pins,
@@ -210,11 +210,11 @@ int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
   options.defrag_enabled = defrag != 0;
   options.verify_moves = verify_moves != 0;
   options.verify_pins = verify_pins != 0;
-  // Unset, as the GPU allocator that the mode stands for resolves it: the
-  // patch's from GPUOptions, the add-on's (fixed addresses) from its setting.
   constexpr const char* kDevice = "tflms.tfcpu's CPU:0";
   if (prefetch >= 0) {
     options.prefetch_enabled = prefetch != 0;
+  } else if (lms == 0) {
+    options.prefetch_enabled = false;
   } else if (fixed_page_size > 0) {
     options.prefetch_enabled = tensorflow::lms::PrefetchWithEnvOverride(
         tensorflow::lms::kFixedAddressPrefetchEnabledDefault,
