@@ -626,13 +626,14 @@ def test_unset_prefetch_with_fixed_addresses_takes_the_add_on_default_and_withou
 ):
     from tests.test_prefetch_default import fixed_address_default
 
-    code = (
-        "import tflms.tfcpu as t\n"
-        "t.enable(device_memory='8MiB', fixed_addresses=True)\n"
-        "print('PREFETCH', t.prefetch_enabled())\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "TF_LMS_PREFETCH"}
-    for override, want in ((None, fixed_address_default()), ("true", True), ("false", False)):
+    def resolved(option: str, override: str | None) -> bool:
+        """prefetch_enabled() after enable(device_memory='8MiB', <option>), prefetch unset."""
+        code = (
+            "import tflms.tfcpu as t\n"
+            f"t.enable(device_memory='8MiB', {option})\n"
+            "print('PREFETCH', t.prefetch_enabled())\n"
+        )
+        env = {k: v for k, v in os.environ.items() if k != "TF_LMS_PREFETCH"}
         if override is not None:
             env["TF_LMS_PREFETCH"] = override  # as the add-on reads it (lms_options.cc)
         proc = subprocess.run(
@@ -643,15 +644,15 @@ def test_unset_prefetch_with_fixed_addresses_takes_the_add_on_default_and_withou
             timeout=300,
             env=env,
         )
-        assert f"PREFETCH {want}" in proc.stdout, (override, proc.stderr[-3000:])
+        found = [line for line in proc.stdout.splitlines() if line.startswith("PREFETCH ")]
+        assert found, (option, override, proc.stderr[-3000:])
+        return found[-1] == "PREFETCH True"
+
+    for override, want in ((None, fixed_address_default()), ("true", True), ("false", False)):
+        assert resolved("fixed_addresses=True", override) is want, override
     # Without LMS nothing moves, so there is nothing to prefetch, whatever the default
     # or the environment says.
-    code = code.replace("fixed_addresses=True", "lms=False")
-    env["TF_LMS_PREFETCH"] = "true"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
-    )
-    assert "PREFETCH False" in proc.stdout, proc.stderr[-3000:]
+    assert resolved("lms=False", "true") is False
 
 
 def test_prefetch_guard_inside_tensorflow_times_both_modes_and_keeps_values() -> None:
