@@ -260,7 +260,7 @@ print("DIGEST", digest.hexdigest())
 def _expected_prefetch_default() -> bool:
     """The add-on's default as the patch's header declares it (the add-on compiles it):
     kFixedAddressPrefetchEnabledDefault, the fixed-address mode's."""
-    header = ROOT / "tf/common/files/tensorflow/core/common_runtime/lms/lms_allocator.h"
+    header = ROOT / "tf/common/files/tensorflow/core/common_runtime/lms/lms_options.h"
     (value,) = re.findall(
         r"kFixedAddressPrefetchEnabledDefault = (true|false);", header.read_text()
     )

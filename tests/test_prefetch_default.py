@@ -1,9 +1,9 @@
 """LMS prefetch's defaults live in one header, and their mirrors agree with it.
 
-The GPU allocators decide with the constants of lms_allocator.h when the program leaves
+The GPU allocators decide with the constants of lms_options.h when the program leaves
 prefetch unset: the patch's lms_gpu_allocator.cc with tensorflow::lms::kPrefetchEnabledDefault,
-tflms.addon's lms_gpu_device.cc (the engine's fixed-address mode) with
-kFixedAddressPrefetchEnabledDefault. The patch's Python side, which must work without the
+tflms.addon's lms_gpu_device.cc (the engine's fixed-address mode) through
+lms_options.cc's FixedAddressPrefetchEnabled, which applies kFixedAddressPrefetchEnabledDefault. The patch's Python side, which must work without the
 compiled library, mirrors the first for tf.config.experimental.get_lms_prefetch_enabled, and
 the planner mirrors both to label the rows it calls a default. Flipping a default means
 changing its constant and its mirrors; these tests fail when only some are changed.
@@ -15,9 +15,12 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-HEADER = REPO / "tf/common/files/tensorflow/core/common_runtime/lms/lms_allocator.h"
+LMS = REPO / "tf/common/files/tensorflow/core/common_runtime/lms"
+HEADER = LMS / "lms_options.h"
+OPTIONS = LMS / "lms_options.cc"
 PYTHON_DIFF = REPO / "tf/common/diffs/51-python-lms-config-and-stats.diff"
 ADDON = REPO / "tflms/addon/csrc/lms_gpu_device.cc"
+TFCPU = REPO / "tflms/tfcpu/csrc/lms_cpu_device.cc"
 ALLOCATOR = REPO / "tf/common/files/tensorflow/core/common_runtime/gpu/lms/lms_gpu_allocator.cc"
 
 
@@ -28,12 +31,12 @@ def _header_constant(name: str) -> bool:
 
 
 def cpp_default() -> bool:
-    """kPrefetchEnabledDefault as lms_allocator.h declares it (the patch's default)."""
+    """kPrefetchEnabledDefault as lms_options.h declares it (the patch's default)."""
     return _header_constant("kPrefetchEnabledDefault")
 
 
 def fixed_address_default() -> bool:
-    """kFixedAddressPrefetchEnabledDefault (the add-on's default) as lms_allocator.h has it."""
+    """kFixedAddressPrefetchEnabledDefault (the add-on's default) as lms_options.h has it."""
     return _header_constant("kFixedAddressPrefetchEnabledDefault")
 
 
@@ -51,10 +54,13 @@ def test_cpp_default_and_its_python_mirror_agree() -> None:
 
 def test_each_allocator_takes_its_default_from_the_header() -> None:
     # Neither GPU allocator may carry its own copy of a default: each reads its mode's
-    # constant where the program left prefetch unset.
+    # constant where the program left prefetch unset, the add-on (and the CPU harness in
+    # its mode) through the one resolution of the fixed-address setting.
     for source, constant in (
         (ALLOCATOR, "kPrefetchEnabledDefault"),
-        (ADDON, "tensorflow::lms::kFixedAddressPrefetchEnabledDefault"),
+        (OPTIONS, "kFixedAddressPrefetchEnabledDefault"),
+        (ADDON, "tensorflow::lms::FixedAddressPrefetchEnabled"),
+        (TFCPU, "tensorflow::lms::FixedAddressPrefetchEnabled"),
     ):
         code = "\n".join(
             line for line in source.read_text().splitlines() if not line.lstrip().startswith("//")

@@ -135,17 +135,12 @@ std::map<int, LmsAllocator*> g_allocators;  // guarded by g_mu
 // The LMS allocator's engine device, per GPU: for attaching the stream.
 std::map<int, tflms::CudaDevice*> g_cuda_devices;  // guarded by g_mu
 
-// Prefetch as the patch decides it (lms_options.cc, the same function): the
-// Python setting, or the fixed-address mode's default where Python never set
-// it (kFixedAddressPrefetchEnabledDefault: this is that mode), overridden
-// either way by TF_LMS_PREFETCH when that is set to a boolean; any other
-// value is reported and the setting kept.
+// Prefetch as the patch's lms_options.cc resolves the fixed-address mode's
+// setting: the Python setting, or kFixedAddressPrefetchEnabledDefault where
+// Python never set it, TF_LMS_PREFETCH overriding either.
 bool PrefetchEnabled(int setting, int tf_device_id) {
-  return tensorflow::lms::PrefetchWithEnvOverride(
-      setting < 0 ? tensorflow::lms::kFixedAddressPrefetchEnabledDefault
-                  : setting != 0,
-      "tf.config.experimental.set_lms_prefetch_enabled", setting >= 0,
-      absl::StrCat("GPU:", tf_device_id));
+  return tensorflow::lms::FixedAddressPrefetchEnabled(
+      setting, absl::StrCat("GPU:", tf_device_id));
 }
 
 size_t HostLimitBytes() {

@@ -216,10 +216,8 @@ int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
   } else if (lms == 0) {
     options.prefetch_enabled = false;
   } else if (fixed_page_size > 0) {
-    options.prefetch_enabled = tensorflow::lms::PrefetchWithEnvOverride(
-        tensorflow::lms::kFixedAddressPrefetchEnabledDefault,
-        "tf.config.experimental.set_lms_prefetch_enabled", /*was_set=*/false,
-        kDevice);
+    options.prefetch_enabled =
+        tensorflow::lms::FixedAddressPrefetchEnabled(/*setting=*/-1, kDevice);
   } else {
     options.prefetch_enabled = tensorflow::lms::PrefetchEnabled(
         tensorflow::GPUOptions(), tensorflow::lms::kPrefetchEnabledDefault,

@@ -51,22 +51,6 @@ namespace lms {
 // The smallest nonzero LMS limit: the engine's allocation granularity.
 inline constexpr int64_t kMinLmsLimit = 256;
 
-// Whether LMS prefetch runs when the program does not say:
-// GPUOptions.experimental.lms_prefetch_enabled unset (the field has presence,
-// so an explicit false stays false whatever this is). TF_LMS_PREFETCH, when
-// set, overrides it. This is the one switch for the patch's default: its
-// Python side mirrors it (_LMS_PREFETCH_ENABLED_DEFAULT in
-// python/eager/context.py, which must run without this library), and a test
-// of the tflms repository checks that the two agree.
-inline constexpr bool kPrefetchEnabledDefault = true;
-
-// The same for the engine's fixed-address mode, which tflms.addon runs on the
-// stock wheel (set_lms_prefetch_enabled never called). There a tensor comes
-// back by mapping pages on the host, and on the one GPU its prefetch ran on
-// (an H200, link-bound workload) it stepped slower than paging on demand, so
-// it stays off until measured otherwise.
-inline constexpr bool kFixedAddressPrefetchEnabledDefault = false;
-
 // TF_LMS_VERIFY_PINS, when set, overrides *verify_pins (EngineOptions): true
 // or 1 checks at every pin that a tensor holds the bytes its last unpin left
 // (slow; for finding a stale read on a GPU), false or 0 does not. An error

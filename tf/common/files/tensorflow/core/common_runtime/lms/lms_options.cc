@@ -79,6 +79,13 @@ bool PrefetchEnabled(const GPUOptions& options, bool unset_default,
       device);
 }
 
+bool FixedAddressPrefetchEnabled(int setting, absl::string_view device) {
+  return PrefetchWithEnvOverride(
+      setting < 0 ? kFixedAddressPrefetchEnabledDefault : setting != 0,
+      "tf.config.experimental.set_lms_prefetch_enabled", setting >= 0,
+      device);
+}
+
 int PrefetchLookahead(const GPUOptions& options, int engine_default,
                       absl::string_view device) {
   const GPUOptions::Experimental& experimental = options.experimental();

@@ -31,6 +31,22 @@ limitations under the License.
 namespace tensorflow {
 namespace lms {
 
+// Whether LMS prefetch runs when the program does not say:
+// GPUOptions.experimental.lms_prefetch_enabled unset (the field has presence,
+// so an explicit false stays false whatever this is). TF_LMS_PREFETCH, when
+// set, overrides it. This is the one switch for the patch's default: its
+// Python side mirrors it (_LMS_PREFETCH_ENABLED_DEFAULT in
+// python/eager/context.py, which must run without this library), and a test
+// of the tflms repository checks that the two agree.
+inline constexpr bool kPrefetchEnabledDefault = true;
+
+// The same for the engine's fixed-address mode, which tflms.addon runs on the
+// stock wheel (set_lms_prefetch_enabled never called). There a tensor comes
+// back by mapping pages on the host, and on the one GPU its prefetch ran on
+// (an H200, link-bound workload) it stepped slower than paging on demand, so
+// it stays off until measured otherwise.
+inline constexpr bool kFixedAddressPrefetchEnabledDefault = false;
+
 // GPUOptions.experimental's field `name`, or null when this config.proto has
 // none of that name or it is not of `type`.
 const google::protobuf::FieldDescriptor* LmsField(
@@ -40,10 +56,18 @@ const google::protobuf::FieldDescriptor* LmsField(
 // Whether the engine prefetches on `device` (a name for the log, e.g. "GPU
 // 0"). GPUOptions.experimental.lms_prefetch_enabled, when set, is what the
 // program asked for; unset, `unset_default` applies (kPrefetchEnabledDefault
-// in lms_allocator.h for the patch's allocator). TF_LMS_PREFETCH, when set to
-// a boolean, overrides either; any other value is logged and ignored.
+// for the patch's allocator). TF_LMS_PREFETCH, when set to a boolean,
+// overrides either; any other value is logged and ignored.
 bool PrefetchEnabled(const GPUOptions& options, bool unset_default,
                      absl::string_view device);
+
+// Whether the engine prefetches on `device` in the fixed-address mode of
+// tflms.addon, whose setting is not a GPUOptions field (the stock wheel's
+// config.proto has none) but tf.config.experimental.set_lms_prefetch_enabled:
+// `setting` -1 when the program never called it, so
+// kFixedAddressPrefetchEnabledDefault applies, 0 or 1 as set. TF_LMS_PREFETCH
+// overrides either, as in PrefetchEnabled.
+bool FixedAddressPrefetchEnabled(int setting, absl::string_view device);
 
 // `setting`, or TF_LMS_PREFETCH where that is set to a boolean (true, false, 1
 // or 0, any case), with the override logged; any other value is logged and
