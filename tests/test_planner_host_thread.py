@@ -222,3 +222,84 @@ def test_the_device_records_each_host_copy_on_the_gpus_clock() -> None:
     eng.unpin(eng.allocate(nbytes, pinned=True))
     eng.reclaim_inactive()
     assert eng.take_copies() == []
+
+
+def _on_host_plan(ops: int, kernel_s: float) -> StepPlan:
+    """X (BIG) is made, Y (most of the device) pushes it out, `ops` small kernels run, and the
+    last op reads X: X is on the host while the host could run far ahead of the GPU."""
+    x, y = 1, 2
+    y_bytes = DEVICE - BIG // 2
+    small = list(range(10, 10 + ops))
+    inputs: list[tuple[int, ...]] = [(), ()]
+    outputs: list[tuple[tuple[int, int], ...]] = [((x, BIG),), ((y, y_bytes),)]
+    frees: list[tuple[int, ...]] = [(), (y,)]
+    prev = None
+    for t in small:
+        inputs.append((prev,) if prev is not None else ())
+        outputs.append(((t, MIB),))
+        frees.append((prev,) if prev is not None else ())
+        prev = t
+    inputs.append((prev, x))
+    outputs.append(())
+    frees.append((prev, x))
+    n = len(inputs)
+    return StepPlan(
+        persistent=[],
+        step_inputs=[],
+        inputs=inputs,
+        outputs=outputs,
+        frees=frees,
+        kernel_s=[kernel_s] * n,
+        names=[f"op{i}" for i in range(n)],
+        free_at_start=(),
+        forwards=[()] * n,
+        sizes={x: BIG, y: y_bytes, **dict.fromkeys(small, MIB)},
+        slice_pins=[()] * n,
+        slice_unpins=[()] * n,
+    )
+
+
+def test_the_run_ahead_limit_holds_the_host_with_prefetch_only() -> None:
+    # 400 kernels of 1 ms while X is on the host. The engine's throttle
+    # (EngineOptions::run_ahead_epochs) makes the host wait for the GPU at every epoch close
+    # with prefetch; paging on demand, and with the throttle off, the host runs ahead.
+    gpu = GPUS["v100-16gb"]
+    plan = _on_host_plan(ops=400, kernel_s=1e-3)
+    runs = {}
+    for prefetch in (False, True):
+        for epochs in (0, 2):
+            config = EngineConfig(
+                device_memory=DEVICE,
+                host_memory=1 << 30,
+                link_gbps=10.0,
+                prefetch=prefetch,
+                run_ahead_epochs=epochs,
+            )
+            result = replay(plan, gpu, config, steps=6)
+            assert result.fits
+            assert result.step_stats["bytes_reclaimed"] == BIG
+            runs[prefetch, epochs] = result
+    assert runs[True, 2].host_sync_wait_s > runs[True, 0].host_sync_wait_s + 0.15
+    # The GPU keeps two epochs of kernels queued: the step is not longer.
+    assert runs[True, 2].step_time_s == pytest.approx(runs[True, 0].step_time_s, rel=1e-3)
+    assert runs[False, 2].host_sync_wait_s == runs[False, 0].host_sync_wait_s
+    assert runs[False, 2].step_time_s == runs[False, 0].step_time_s
+    throttled = runs[True, 2].config
+    assert "host within 2 epochs" in throttled.label()
+    assert not throttled.patch_default
+
+
+def test_simulate_takes_the_run_ahead_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tflms.cli import main
+
+    path = save_trace(chain_trace(layers=8, batch=4), tmp_path / "chain.json")
+    argv = ["simulate", str(path), "--memory", "2MiB", "--no-compare", "--json", "--no-progress"]
+    assert main([*argv, "--prefetch", "--run-ahead-epochs", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["config"]["run_ahead_epochs"] for r in out["lms"]] == [8]
+    assert main([*argv, "--run-ahead-epochs", "64"]) == 2
+    assert "--run-ahead-epochs" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="run_ahead_epochs"):
+        tflms.Engine(device_memory=256 * MIB, run_ahead_epochs=64)

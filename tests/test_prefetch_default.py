@@ -3,7 +3,8 @@
 The GPU allocators decide with the constants of lms_options.h when the program leaves
 prefetch unset: the patch's lms_gpu_allocator.cc with tensorflow::lms::kPrefetchEnabledDefault,
 tflms.addon's lms_gpu_device.cc (the engine's fixed-address mode) through
-lms_options.cc's FixedAddressPrefetchEnabled, which applies kFixedAddressPrefetchEnabledDefault. The patch's Python side, which must work without the
+lms_options.cc's FixedAddressPrefetchEnabled, which applies
+kFixedAddressPrefetchEnabledDefault. The patch's Python side, which must work without the
 compiled library, mirrors the first for tf.config.experimental.get_lms_prefetch_enabled, and
 the planner mirrors both to label the rows it calls a default. Flipping a default means
 changing its constant and its mirrors; these tests fail when only some are changed.
@@ -38,6 +39,15 @@ def cpp_default() -> bool:
 def fixed_address_default() -> bool:
     """kFixedAddressPrefetchEnabledDefault (the add-on's default) as lms_options.h has it."""
     return _header_constant("kFixedAddressPrefetchEnabledDefault")
+
+
+def run_ahead_default() -> int:
+    """kRunAheadEpochsDefault as lms_options.h declares it (the host throttle's default)."""
+    found = re.findall(
+        r"^inline constexpr int kRunAheadEpochsDefault = (\d+);$", HEADER.read_text(), re.M
+    )
+    assert len(found) == 1, found
+    return int(found[0])
 
 
 def _python_default() -> bool:
@@ -86,3 +96,17 @@ def test_the_planner_labels_what_the_patch_does_by_default() -> None:
     assert not EngineConfig(1, 1, 1.0, prefetch=not cpp_default()).patch_default
     fixed = EngineConfig(1, 1, 1.0, prefetch=True, fixed_addresses=True).label()
     assert ("(default)" in fixed) == fixed_address_default(), fixed
+
+
+def test_the_planner_replays_the_patch_s_run_ahead_default() -> None:
+    # The host throttle (TF_LMS_RUN_AHEAD_EPOCHS unset): the planner's replays and its CLI
+    # use the patch's value, and only rows at that value are labelled the patch's default.
+    from tflms.planner.replay import PATCH_RUN_AHEAD_EPOCHS, EngineConfig
+    from tflms.planner.simulate import Machine
+
+    assert run_ahead_default() == PATCH_RUN_AHEAD_EPOCHS
+    assert EngineConfig(1, 1, 1.0).run_ahead_epochs == PATCH_RUN_AHEAD_EPOCHS
+    assert Machine.__dataclass_fields__["run_ahead_epochs"].default == PATCH_RUN_AHEAD_EPOCHS
+    other = EngineConfig(1, 1, 1.0, prefetch=cpp_default(), run_ahead_epochs=5)
+    assert not other.patch_default
+    assert EngineConfig(1, 1, 1.0, prefetch=cpp_default()).patch_default

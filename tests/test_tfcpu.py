@@ -621,6 +621,41 @@ def test_tf_lms_prefetch_overrides_an_unset_setting_and_a_bad_value_is_named() -
     assert result["stats"]["num_prefetch_steps"] == 0
 
 
+def _run_ahead_default() -> int:
+    from tests.test_prefetch_default import run_ahead_default
+
+    return run_ahead_default()
+
+
+def test_run_ahead_limit_inside_tensorflow_holds_the_host_and_keeps_values() -> None:
+    # TF_LMS_RUN_AHEAD_EPOCHS, read by the patch's lms_options.cc as the GPU allocator
+    # reads it: with prefetch and tensors on the host the engine waits at epoch closes
+    # for its compute stream (here the simulated device's, whose events complete as its
+    # worker reaches them), and TensorFlow's values stay bit-identical with stock.
+    verbose = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    result, log = run_case_with_log("rnn", "prefetch", {**verbose, "TF_LMS_RUN_AHEAD_EPOCHS": "8"})
+    assert "holds the host within 8 last-use epochs" in log, log[-3000:]
+    assert "(TF_LMS_RUN_AHEAD_EPOCHS=8; experimental)" in log
+    stats = result["stats"]
+    assert stats["bytes_reclaimed"] > 0 and stats["num_prefetch_steps"] > 0, stats
+    assert stats["num_run_ahead_waits"] > 0, stats
+    assert program_output(result) == stock_output("rnn")
+    # Unset: the patch's default (kRunAheadEpochsDefault, which the planner mirrors); a value
+    # out of range is named and the default kept; 0 turns the throttle off.
+    default = _run_ahead_default()
+    result = run_case("rnn", "prefetch", {"TF_LMS_RUN_AHEAD_EPOCHS": ""})
+    assert (result["stats"]["num_run_ahead_waits"] > 0) == (default > 0), result["stats"]
+    result, log = run_case_with_log("rnn", "prefetch", {**verbose, "TF_LMS_RUN_AHEAD_EPOCHS": "99"})
+    assert "TF_LMS_RUN_AHEAD_EPOCHS=99 is ignored" in log, log[-3000:]
+    assert (result["stats"]["num_run_ahead_waits"] > 0) == (default > 0), result["stats"]
+    assert (
+        run_case("rnn", "prefetch", {"TF_LMS_RUN_AHEAD_EPOCHS": "0"})["stats"][
+            "num_run_ahead_waits"
+        ]
+        == 0
+    )
+
+
 def test_unset_prefetch_with_fixed_addresses_takes_the_add_on_default_and_without_lms_is_off() -> (
     None
 ):

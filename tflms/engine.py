@@ -43,6 +43,10 @@ class Engine:
     ``prefetch_guard`` (with ``prefetch``; experimental, off by default): once a step is
     learned, steps are timed on the modelled host clock with and without prefetch, and
     the faster is kept, the other tried again every 50 steps.
+
+    ``run_ahead_epochs`` (experimental, 0: off): while tensors are on the host, the host
+    waits at every last-use epoch (32 unpins) until the GPU has done the kernels of that
+    many epochs before (EngineOptions::run_ahead_epochs).
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class Engine:
         launch_queue_depth: int = 0,
         verify_pins: bool = False,
         prefetch_guard: bool = False,
+        run_ahead_epochs: int = 0,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -97,6 +102,10 @@ class Engine:
                 raise ValueError(f"{name} must be an integer byte count, got {value!r}")
         if prefetch_lookahead < 0:
             raise ValueError("prefetch_lookahead must be >= 0")
+        if isinstance(run_ahead_epochs, bool) or not 0 <= run_ahead_epochs < 64:
+            raise ValueError(
+                f"run_ahead_epochs must be 0 (no limit) or 1 to 63, got {run_ahead_epochs!r}"
+            )
         self._engine = _core.Engine(
             device_memory=device_memory,
             host_memory=host_memory,
@@ -120,6 +129,7 @@ class Engine:
             launch_queue_depth=launch_queue_depth,
             verify_pins=verify_pins,
             prefetch_guard=prefetch_guard,
+            run_ahead_epochs=run_ahead_epochs,
         )
         self.device_memory = device_memory
         self.host_memory = host_memory

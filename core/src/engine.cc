@@ -105,6 +105,13 @@ Status Engine::Impl::Init() {
   if (options_.prefetch_lookahead < 0) {
     return InvalidArgument("prefetch_lookahead must be >= 0");
   }
+  if (options_.run_ahead_epochs < 0 ||
+      options_.run_ahead_epochs >= static_cast<int>(kEpochRing)) {
+    return InvalidArgument(
+        "run_ahead_epochs must be 0 (no limit) or 1 to " +
+        std::to_string(kEpochRing - 1) +
+        ": the engine keeps the events of that many epochs");
+  }
   TFLMS_RETURN_IF_ERROR(SetLmsLimit(options_.lms_limit));
   if (options_.prefetch_budget_bytes == 0) {
     options_.prefetch_budget_bytes = options_.memory_limit / 8;

@@ -266,6 +266,11 @@ class Engine::Impl {
   // last use is complete and drains the compute stream for its own copies
   // anyway. Returns with `lock` held.
   Status SyncLastUses(std::unique_lock<std::mutex>& lock);
+  // With options_.run_ahead_epochs > 0 and bytes on the host, called once
+  // `closed` has closed: waits, with `lock` released, until the compute
+  // stream has done the kernels before epoch closed - run_ahead_epochs.
+  // Returns with `lock` held.
+  void ThrottleRunAhead(std::unique_lock<std::mutex>& lock, uint64_t closed);
 
   // ---- verify_pins.cc ----
   // *hash of `bytes` at `device_ptr`, read after all enqueued compute work.

@@ -70,6 +70,8 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"num_early_page_outs_cancelled", num_early_page_outs_cancelled},
       {"page_in_stall_ns", page_in_stall_ns},
       {"page_out_wait_ns", page_out_wait_ns},
+      {"num_run_ahead_waits", num_run_ahead_waits},
+      {"run_ahead_wait_ns", run_ahead_wait_ns},
       {"num_allocs_from_free", num_allocs_from_free},
       {"num_allocs_from_new_region", num_allocs_from_new_region},
       {"num_allocs_from_single_reclaim", num_allocs_from_single_reclaim},

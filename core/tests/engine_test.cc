@@ -2896,6 +2896,77 @@ TEST(TrainingWorkloadReadsWhatItWroteInEveryMode) {
 }
 
 
+// The host throttle (EngineOptions::run_ahead_epochs), in modelled time: 320
+// kernels of 1 ms, each with a pin and an unpin (ten epochs), behind a launch
+// queue of 1000. Off, without prefetch, or with nothing on the host, the host
+// enqueues them all at once. At 2 epochs with prefetch and a tensor on the
+// host, it waits at every close
+// for the kernels of two epochs before: at the tenth close for the eighth
+// epoch's, so it has waited until 8 x 32 kernels (256 ms) were done.
+TEST(RunAheadLimitHoldsTheHostNearTheGpuOnlyWhileTensorsAreOnTheHost) {
+  struct Case {
+    int limit;
+    bool prefetch;
+    bool on_host;
+  };
+  for (const Case c : {Case{0, true, true}, Case{2, false, true},
+                       Case{2, true, false}, Case{2, true, true}}) {
+    SimOptions so;
+    so.device_memory = 64 * kMiB;
+    so.store_data = false;
+    so.launch_queue_depth = 1000;
+    SimDevice sim(so);
+    EngineOptions eo;
+    eo.memory_limit = 64 * kMiB;
+    eo.run_ahead_epochs = c.limit;
+    eo.prefetch_enabled = c.prefetch;
+    Engine engine(&sim, eo);
+    EXPECT_OK(engine.Init());
+    Status s;
+    Buffer* away = engine.AllocateBuffer(kMiB, /*pinned=*/false, &s);
+    EXPECT_OK(s);
+    void* ptr = nullptr;
+    Buffer* b = engine.AllocateBuffer(kMiB, /*pinned=*/true, &s, &ptr);
+    EXPECT_OK(s);
+    if (c.on_host) {
+      size_t reclaimed = 0;
+      EXPECT_OK(engine.ReclaimInactive(&reclaimed));
+      EXPECT(engine.GetBufferState(away) == BufferState::kReclaimed);
+    }
+    const double waited_before = sim.GetTimeline().host_sync_wait;
+    for (int i = 0; i < 320; ++i) {
+      if (i > 0) EXPECT_OK(engine.Pin(b, &ptr));
+      sim.Compute(1e-3);
+      EXPECT_OK(engine.Unpin(b));
+    }
+    const double waited = sim.GetTimeline().host_sync_wait - waited_before;
+    std::printf("  limit %d, prefetch %s, %s: host waited %.3f s\n", c.limit,
+                c.prefetch ? "on" : "off",
+                c.on_host ? "a tensor on the host" : "nothing on the host",
+                waited);
+    const int64_t waits = engine.GetStats().num_run_ahead_waits;
+    if (c.limit > 0 && c.prefetch && c.on_host) {
+      EXPECT(waited > 0.25 && waited < 0.26);
+      EXPECT(waits == 8);  // the closes of epochs 3 to 10
+    } else {
+      EXPECT(waited < 0.01);
+      EXPECT(waits == 0);
+    }
+    EXPECT_OK(engine.FreeBuffer(away));
+    EXPECT_OK(engine.FreeBuffer(b));
+    sim.SynchronizeAll();
+  }
+  // Out of range: the engine keeps 64 epochs' events.
+  SimOptions so;
+  so.device_memory = 64 * kMiB;
+  SimDevice sim(so);
+  EngineOptions eo;
+  eo.memory_limit = 64 * kMiB;
+  eo.run_ahead_epochs = 64;
+  Engine engine(&sim, eo);
+  EXPECT(engine.Init().code() == Code::kInvalidArgument);
+}
+
 // The training workload in the planner's mode: no bytes, modelled time, the
 // H200's measured link rate and a launch queue of 1000.
 workload::Result RunModelledWorkload(const workload::Shape& shape,

@@ -131,7 +131,7 @@ class PyEngine {
            bool verify_moves, bool fixed_addresses, int64_t page_size,
            int64_t virtual_address_bytes, double map_us_per_page,
            double unmap_us_per_page, int launch_queue_depth, bool verify_pins,
-           bool prefetch_guard) {
+           bool prefetch_guard, int run_ahead_epochs) {
     if (device_memory <= 0) {
       throw py::value_error("device_memory must be a positive byte count");
     }
@@ -177,6 +177,7 @@ class PyEngine {
     opt.prefetch_budget_bytes = static_cast<size_t>(prefetch_budget);
     opt.prefetch_lookahead = prefetch_lookahead;
     opt.prefetch_guard = prefetch_guard;
+    opt.run_ahead_epochs = run_ahead_epochs;
     opt.fixed_addresses = fixed_addresses;
     opt.page_size = static_cast<size_t>(page_size);
     opt.virtual_address_bytes = static_cast<size_t>(virtual_address_bytes);
@@ -367,7 +368,7 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<int64_t, int64_t, bool, bool, bool, int64_t, int, bool,
                     int64_t, bool, double, double, double, bool, bool, int64_t,
-                    int64_t, double, double, int, bool, bool>(),
+                    int64_t, double, double, int, bool, bool, int>(),
            py::arg("device_memory"), py::arg("host_memory"), py::arg("lms"),
            py::arg("defrag"), py::arg("prefetch"), py::arg("prefetch_budget"),
            py::arg("prefetch_lookahead"), py::arg("allow_growth"),
@@ -379,7 +380,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("map_us_per_page") = 0.0,
            py::arg("unmap_us_per_page") = 0.0,
            py::arg("launch_queue_depth") = 0,
-           py::arg("verify_pins") = false, py::arg("prefetch_guard") = false)
+           py::arg("verify_pins") = false, py::arg("prefetch_guard") = false,
+           py::arg("run_ahead_epochs") = 0)
       .def("allocate", &PyEngine::Allocate, py::arg("nbytes"),
            py::arg("pinned") = false)
       .def("free", &PyEngine::Free)

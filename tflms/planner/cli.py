@@ -31,7 +31,7 @@ def add_parsers(sub: Any) -> None:
     # Light (the replay module imports the engine only when it runs).
     from tflms.planner.lookahead import LOOKAHEADS
     from tflms.planner.lookahead_sweep import SWEPT
-    from tflms.planner.replay import DEFAULT_LOOKAHEAD, LAUNCH_QUEUE_DEPTH
+    from tflms.planner.replay import DEFAULT_LOOKAHEAD, LAUNCH_QUEUE_DEPTH, PATCH_RUN_AHEAD_EPOCHS
 
     p = sub.add_parser(
         "simulate",
@@ -136,6 +136,14 @@ def add_parsers(sub: Any) -> None:
         default=LAUNCH_QUEUE_DEPTH,
         help=f"kernels the host may run ahead of the GPU (CUDA's launch queue, about "
         f"{LAUNCH_QUEUE_DEPTH} measured; 0: without bound)",
+    )
+    eng.add_argument(
+        "--run-ahead-epochs",
+        type=int,
+        default=PATCH_RUN_AHEAD_EPOCHS,
+        help="experimental, with prefetch: hold the host within this many last-use epochs "
+        "(32 unpins each) of the GPU while tensors are on the host (TF_LMS_RUN_AHEAD_EPOCHS; "
+        f"0: off; at most 63; default {PATCH_RUN_AHEAD_EPOCHS}, the patch's)",
     )
     out = p.add_argument_group("what to do")
     out.add_argument(
@@ -364,6 +372,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return _fail("--prefetch-lookahead must be 0 or more")
     if args.launch_queue < 0:
         return _fail("--launch-queue must be 0 (no bound) or more")
+    if not 0 <= args.run_ahead_epochs <= 63:
+        return _fail("--run-ahead-epochs must be 0 (off) to 63: the engine keeps 64 epochs")
     try:
         lookaheads = parse_lookaheads(args.lookaheads)
     except ValueError as exc:
@@ -384,6 +394,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         prefetch_lookahead=args.prefetch_lookahead,
         prefetch_budget=budget,
         launch_queue_depth=args.launch_queue,
+        run_ahead_epochs=args.run_ahead_epochs,
     )
     if (args.map_us is not None or args.unmap_us is not None) and not args.fixed_addresses:
         return _fail("--map-us and --unmap-us apply to --fixed-addresses only")

@@ -369,6 +369,9 @@ LAUNCH_QUEUE_DEPTH = 1000
 PATCH_PREFETCH_DEFAULT = True
 # The add-on's (fixed addresses): tensorflow::lms::kFixedAddressPrefetchEnabledDefault.
 ADDON_PREFETCH_DEFAULT = False
+# The engine's host throttle where TF_LMS_RUN_AHEAD_EPOCHS is unset:
+# tensorflow::lms::kRunAheadEpochsDefault (EngineOptions::run_ahead_epochs; 0: off).
+PATCH_RUN_AHEAD_EPOCHS = 0
 
 
 def _prefetch_label(default: bool) -> str:
@@ -409,13 +412,16 @@ class EngineConfig:
     # How far the host may run ahead of the GPU, in compute-stream operations (0: no
     # bound, the planner's model before the host thread was modelled).
     launch_queue_depth: int = LAUNCH_QUEUE_DEPTH
+    # The engine's experimental host throttle with prefetch (EngineOptions::run_ahead_epochs;
+    # 0: off).
+    run_ahead_epochs: int = PATCH_RUN_AHEAD_EPOCHS
 
     @property
     def patch_default(self) -> bool:
         """True when this is what the patched TensorFlow does by default (LMS off, or on
         with prefetch as PATCH_PREFETCH_DEFAULT says)."""
         on = not self.lms or self.prefetch == PATCH_PREFETCH_DEFAULT
-        return on and not self.fixed_addresses
+        return on and not self.fixed_addresses and self.run_ahead_epochs == PATCH_RUN_AHEAD_EPOCHS
 
     def label(self) -> str:
         if not self.lms:
@@ -428,6 +434,8 @@ class EngineConfig:
             parts.append("defrag")
         if self.fixed_addresses:
             parts.append(f"fixed addresses ({self.page_size >> 20} MiB pages)")
+        if self.run_ahead_epochs != PATCH_RUN_AHEAD_EPOCHS:
+            parts.append(f"host within {self.run_ahead_epochs} epochs")
         return " + ".join(parts)
 
 
@@ -552,6 +560,7 @@ def make_engine(config: EngineConfig, gpu: GpuModel) -> Any:
         map_us_per_page=config.map_us_per_page,
         unmap_us_per_page=config.unmap_us_per_page,
         launch_queue_depth=config.launch_queue_depth,
+        run_ahead_epochs=config.run_ahead_epochs,
     )
 
 

@@ -15,6 +15,7 @@ from tflms.planner.machines import Pairing, get_pairing, real_pairing
 from tflms.planner.replay import (
     DEFAULT_LOOKAHEAD,
     LAUNCH_QUEUE_DEPTH,
+    PATCH_RUN_AHEAD_EPOCHS,
     EngineConfig,
     ReplayResult,
     StepPlan,
@@ -77,6 +78,9 @@ class Machine:
     what_if: tuple[str, ...] = ()
     # The add-on's fixed-address mode (None: the patch's mode, buffers move).
     fixed: FixedPages | None = None
+    # The engine's experimental host throttle with prefetch (EngineOptions::run_ahead_epochs,
+    # TF_LMS_RUN_AHEAD_EPOCHS; 0: off).
+    run_ahead_epochs: int = PATCH_RUN_AHEAD_EPOCHS
 
     @classmethod
     def from_pairing(cls, pairing: Pairing, host: HostSide | None = None) -> Machine:
@@ -115,6 +119,7 @@ class Machine:
             prefetch_lookahead=self.prefetch_lookahead,
             prefetch_budget=self.prefetch_budget,
             launch_queue_depth=self.launch_queue_depth,
+            run_ahead_epochs=self.run_ahead_epochs,
             **(
                 {
                     "fixed_addresses": True,

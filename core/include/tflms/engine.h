@@ -96,6 +96,16 @@ struct EngineOptions {
   // that neither mode makes, and at the memory edge that can run out of
   // memory (prefetch_guard.cc says where).
   bool prefetch_guard = false;
+  // With prefetch, how far the host may run ahead of the compute stream
+  // while tensors are on the host, in last-use epochs (32 unpins each): at
+  // every epoch close the host waits until the GPU has done the kernels
+  // unpinned `run_ahead_epochs` epochs before. 0 (the default): no limit
+  // beyond the device's own launch queue; at most 63. Experimental: the
+  // engine decides on the host's clock which chunk a copy goes into, and
+  // with the host a launch queue ahead a free chunk may still be in use on
+  // the GPU's; a closer host makes those decisions nearer to the GPU's clock
+  // (residency.cc, ThrottleRunAhead, says what the planner measured).
+  int run_ahead_epochs = 0;
 
   // Fixed-address mode (see above). Off: everything behaves as without it.
   bool fixed_addresses = false;

@@ -130,6 +130,11 @@ struct EngineStats {
   int64_t num_early_page_outs_cancelled = 0;
   int64_t page_in_stall_ns = 0;      // host time pins blocked on copies
   int64_t page_out_wait_ns = 0;      // host time reclaims waited for D2H
+  // The host throttle (EngineOptions::run_ahead_epochs): epoch closes at
+  // which the host synchronized with the GPU's compute stream (blocking
+  // where the GPU was behind), and the host time that took.
+  int64_t num_run_ahead_waits = 0;
+  int64_t run_ahead_wait_ns = 0;
 
   // --- where allocations were served from (PyTorch LMS style) ---
   int64_t num_allocs_from_free = 0;        // an existing free chunk

@@ -226,6 +226,8 @@ class LmsGpuProcessState : public GPUProcessState {
     if (engine.lms_limit >= total_bytes) engine.lms_limit = 0;
     engine.prefetch_enabled =
         PrefetchEnabled(g_settings.prefetch_enabled, tf_device_id.value());
+    engine.run_ahead_epochs = tensorflow::lms::RunAheadEpochs(
+        absl::StrCat("GPU:", tf_device_id.value()));
     if (g_settings.prefetch_lookahead > 0) {
       engine.prefetch_lookahead = g_settings.prefetch_lookahead;
     }

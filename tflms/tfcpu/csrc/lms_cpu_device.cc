@@ -224,6 +224,7 @@ int tflms_tfcpu_enable(int64_t device_memory, int64_t host_memory, int lms,
         kDevice);
   }
   options.prefetch_guard = prefetch_guard != 0;
+  options.run_ahead_epochs = tensorflow::lms::RunAheadEpochs(kDevice);
   if (fixed_page_size > 0) {
     options.fixed_addresses = true;
     options.page_size = static_cast<size_t>(fixed_page_size);

@@ -86,6 +86,30 @@ bool FixedAddressPrefetchEnabled(int setting, absl::string_view device) {
       device);
 }
 
+int RunAheadEpochs(absl::string_view device) {
+  int64_t epochs = kRunAheadEpochsDefault;
+  const char* env = std::getenv("TF_LMS_RUN_AHEAD_EPOCHS");
+  const bool from_env = env != nullptr && *env != '\0';
+  if (from_env) {
+    absl::Status s = tsl::ReadInt64FromEnvVar("TF_LMS_RUN_AHEAD_EPOCHS",
+                                              kRunAheadEpochsDefault, &epochs);
+    if (!s.ok() || epochs < 0 || epochs > 63) {
+      LOG(ERROR) << "TF_LMS_RUN_AHEAD_EPOCHS=" << env << " is ignored for "
+                 << device << ": it must be 0 (off) or a number of epochs "
+                 << "from 1 to 63; " << kRunAheadEpochsDefault
+                 << " (the default) is used.";
+      epochs = kRunAheadEpochsDefault;
+    }
+  }
+  if (epochs > 0) {
+    LOG(INFO) << "With prefetch, " << device << " holds the host within "
+              << epochs << " last-use epochs of the GPU while tensors are on "
+              << "the host (" << (from_env ? "TF_LMS_RUN_AHEAD_EPOCHS=" : "")
+              << (from_env ? env : "LMS's default") << "; experimental).";
+  }
+  return static_cast<int>(epochs);
+}
+
 int PrefetchLookahead(const GPUOptions& options, int engine_default,
                       absl::string_view device) {
   const GPUOptions::Experimental& experimental = options.experimental();

@@ -77,6 +77,20 @@ bool FixedAddressPrefetchEnabled(int setting, absl::string_view device);
 bool PrefetchWithEnvOverride(bool setting, absl::string_view name,
                              bool was_set, absl::string_view device);
 
+// The engine's host throttle where TF_LMS_RUN_AHEAD_EPOCHS is unset
+// (EngineOptions::run_ahead_epochs; 0: off). The planner mirrors it
+// (PATCH_RUN_AHEAD_EPOCHS in tflms/planner/replay.py) to replay what the
+// patch does, and a test of the tflms repository checks that the two agree.
+inline constexpr int kRunAheadEpochsDefault = 0;
+
+// TF_LMS_RUN_AHEAD_EPOCHS, experimental: with prefetch, how many last-use
+// epochs (32 tensor unpins each) the host may run ahead of the GPU while
+// tensors are on the host (EngineOptions::run_ahead_epochs); 0 turns the
+// throttle off. Unset or empty: kRunAheadEpochsDefault. A value that is not
+// a number from 0 to 63 is logged and the default kept; a nonzero result is
+// logged once for `device`.
+int RunAheadEpochs(absl::string_view device);
+
 // GPUOptions.experimental.lms_prefetch_lookahead: tensor uses (pins) looked
 // ahead for tensors to bring back; 0 (or a negative value, logged) keeps
 // `engine_default`.

@@ -196,6 +196,7 @@ std::unique_ptr<tsl::Allocator> CreateLmsGpuAllocator(
       lms::PrefetchEnabled(options, lms::kPrefetchEnabledDefault, gpu);
   engine_options.prefetch_lookahead = lms::PrefetchLookahead(
       options, engine_options.prefetch_lookahead, gpu);
+  engine_options.run_ahead_epochs = lms::RunAheadEpochs(gpu);
 
   lms::StreamExecutorLmsDevice* device_ptr = device->get();
   absl::StatusOr<std::unique_ptr<lms::LmsAllocator>> allocator =
