@@ -91,23 +91,38 @@ def _pressure_plan(ops: int, kernel_s: float) -> StepPlan:
     the queued kernels; a host that runs only a few ops ahead blocks on that copy while the
     GPU runs dry.
     """
+    return _x_y_plan(ops, kernel_s, y_bytes=BIG, y_first=False)
+
+
+def _x_y_plan(ops: int, kernel_s: float, y_bytes: int, y_first: bool) -> StepPlan:
+    """X (BIG) made first and read by the last op, Y (`y_bytes`, dead at once) made right
+    after X (`y_first`) or after the `ops` small kernels between them."""
     x, y = 1, 2
     small = list(range(10, 10 + ops))
     inputs: list[tuple[int, ...]] = [()]
     outputs: list[tuple[tuple[int, int], ...]] = [((x, BIG),)]
     frees: list[tuple[int, ...]] = [()]
+    if y_first:
+        inputs.append(())
+        outputs.append(((y, y_bytes),))
+        frees.append((y,))
     prev = None
     for t in small:
         inputs.append((prev,) if prev is not None else ())
         outputs.append(((t, MIB),))
         frees.append((prev,) if prev is not None else ())
         prev = t
-    inputs.append((prev,))
-    outputs.append(((y, BIG),))
-    frees.append((prev, y))
-    inputs.append((x,))
-    outputs.append(())
-    frees.append((x,))
+    if y_first:
+        inputs.append((prev, x))
+        outputs.append(())
+        frees.append((prev, x))
+    else:
+        inputs.append((prev,))
+        outputs.append(((y, y_bytes),))
+        frees.append((prev, y))
+        inputs.append((x,))
+        outputs.append(())
+        frees.append((x,))
     n = len(inputs)
     return StepPlan(
         persistent=[],
@@ -119,7 +134,7 @@ def _pressure_plan(ops: int, kernel_s: float) -> StepPlan:
         names=[f"op{i}" for i in range(n)],
         free_at_start=(),
         forwards=[()] * n,
-        sizes={x: BIG, y: BIG, **dict.fromkeys(small, MIB)},
+        sizes={x: BIG, y: y_bytes, **dict.fromkeys(small, MIB)},
         slice_pins=[()] * n,
         slice_unpins=[()] * n,
     )
@@ -227,36 +242,7 @@ def test_the_device_records_each_host_copy_on_the_gpus_clock() -> None:
 def _on_host_plan(ops: int, kernel_s: float) -> StepPlan:
     """X (BIG) is made, Y (most of the device) pushes it out, `ops` small kernels run, and the
     last op reads X: X is on the host while the host could run far ahead of the GPU."""
-    x, y = 1, 2
-    y_bytes = DEVICE - BIG // 2
-    small = list(range(10, 10 + ops))
-    inputs: list[tuple[int, ...]] = [(), ()]
-    outputs: list[tuple[tuple[int, int], ...]] = [((x, BIG),), ((y, y_bytes),)]
-    frees: list[tuple[int, ...]] = [(), (y,)]
-    prev = None
-    for t in small:
-        inputs.append((prev,) if prev is not None else ())
-        outputs.append(((t, MIB),))
-        frees.append((prev,) if prev is not None else ())
-        prev = t
-    inputs.append((prev, x))
-    outputs.append(())
-    frees.append((prev, x))
-    n = len(inputs)
-    return StepPlan(
-        persistent=[],
-        step_inputs=[],
-        inputs=inputs,
-        outputs=outputs,
-        frees=frees,
-        kernel_s=[kernel_s] * n,
-        names=[f"op{i}" for i in range(n)],
-        free_at_start=(),
-        forwards=[()] * n,
-        sizes={x: BIG, y: y_bytes, **dict.fromkeys(small, MIB)},
-        slice_pins=[()] * n,
-        slice_unpins=[()] * n,
-    )
+    return _x_y_plan(ops, kernel_s, y_bytes=DEVICE - BIG // 2, y_first=True)
 
 
 def test_the_run_ahead_limit_holds_the_host_with_prefetch_only() -> None:
