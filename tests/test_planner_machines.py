@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -137,6 +138,30 @@ def test_max_batch_says_when_the_host_stops_it_and_what_more_host_gives() -> Non
     assert more["with_lms"] > mb["with_lms"]
     text = format_max_batch(next(iter(per.values())))
     assert "HOST side, not the GPU" in text and f"would be {more['with_lms']}" in text
+
+
+def test_a_pairing_named_exact_is_searched_to_the_batch() -> None:
+    # docs/results.md searches to 1%, but ResNet50 on the TFLMS papers' machine exactly
+    # (study.RESULT_MODELS): there 1% is 13 batches, and 7.49x against 7.54x decides a goal.
+    from tflms.planner.study import RESULT_MODELS
+
+    assert {m.name: m.exact_on for m in RESULT_MODELS}["ResNet50"] == ("ac922-v100",)
+    trace = chain_trace(layers=8, batch=4)
+    m = dataclasses.replace(small_machine(16 * MIB), pairing="papers-machine")
+
+    def search(exact: tuple[str, ...]) -> dict:
+        per = max_batch_per_machine(
+            trace, [m], steps=2, progress=False, rel_tol=0.25, host_factor=None, exact=exact
+        )
+        return per["papers-machine"]
+
+    loose, exact = search(()), search(("papers-machine",))
+    assert loose["rel_tol"] == 0.25 and exact["rel_tol"] == 0.0
+    probes = dict(exact["search"]["with_lms"]["probes"])
+    assert probes[exact["with_lms"]] is True
+    assert not any(fits for n, fits in probes.items() if n > exact["with_lms"])
+    # Here a quarter's tolerance stops one batch short; the exact search does not.
+    assert loose["with_lms"] == exact["with_lms"] - 1
 
 
 def test_max_batch_says_when_the_gpu_stops_it() -> None:
