@@ -621,13 +621,9 @@ def test_tf_lms_prefetch_overrides_an_unset_setting_and_a_bad_value_is_named() -
     assert result["stats"]["num_prefetch_steps"] == 0
 
 
-def _run_ahead_default() -> int:
+def test_run_ahead_limit_inside_tensorflow_holds_the_host_and_keeps_values() -> None:
     from tests.test_prefetch_default import run_ahead_default
 
-    return run_ahead_default()
-
-
-def test_run_ahead_limit_inside_tensorflow_holds_the_host_and_keeps_values() -> None:
     # TF_LMS_RUN_AHEAD_EPOCHS, read by the patch's lms_options.cc as the GPU allocator
     # reads it: with prefetch and tensors on the host the engine waits at epoch closes
     # for its compute stream (here the simulated device's, whose events complete as its
@@ -642,7 +638,7 @@ def test_run_ahead_limit_inside_tensorflow_holds_the_host_and_keeps_values() -> 
     assert program_output(result) == stock_output("rnn")
     # Unset: the patch's default (kRunAheadEpochsDefault, which the planner mirrors); a value
     # out of range is named and the default kept; 0 turns the throttle off.
-    default = _run_ahead_default()
+    default = run_ahead_default()
     result = run_case("rnn", "prefetch", {"TF_LMS_RUN_AHEAD_EPOCHS": ""})
     assert (result["stats"]["num_run_ahead_waits"] > 0) == (default > 0), result["stats"]
     result, log = run_case_with_log("rnn", "prefetch", {**verbose, "TF_LMS_RUN_AHEAD_EPOCHS": "99"})

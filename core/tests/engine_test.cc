@@ -2900,9 +2900,9 @@ TEST(TrainingWorkloadReadsWhatItWroteInEveryMode) {
 // kernels of 1 ms, each with a pin and an unpin (ten epochs), behind a launch
 // queue of 1000. Off, without prefetch, or with nothing on the host, the host
 // enqueues them all at once. At 2 epochs with prefetch and a tensor on the
-// host, it waits at every close
-// for the kernels of two epochs before: at the tenth close for the eighth
-// epoch's, so it has waited until 8 x 32 kernels (256 ms) were done.
+// host, it waits at every close for the kernels of two epochs before: at the
+// tenth close for the eighth epoch's, so it has waited until 8 x 32 kernels
+// (256 ms) were done.
 TEST(RunAheadLimitHoldsTheHostNearTheGpuOnlyWhileTensorsAreOnTheHost) {
   struct Case {
     int limit;
