@@ -19,7 +19,13 @@ import pytest
 import tflms
 from tests.test_planner import chain_trace
 from tflms.planner.gpu import GPUS
-from tflms.planner.replay import LAUNCH_QUEUE_DEPTH, EngineConfig, StepPlan, replay
+from tflms.planner.replay import (
+    LAUNCH_QUEUE_DEPTH,
+    PATCH_RUN_AHEAD_EPOCHS,
+    EngineConfig,
+    StepPlan,
+    replay,
+)
 from tflms.planner.yardsticks import ideal
 from tflms.trace.format import save_trace
 
@@ -282,9 +288,13 @@ def test_simulate_takes_the_run_ahead_limit(
 
     path = save_trace(chain_trace(layers=8, batch=4), tmp_path / "chain.json")
     argv = ["simulate", str(path), "--memory", "2MiB", "--no-compare", "--json", "--no-progress"]
-    assert main([*argv, "--prefetch", "--run-ahead-epochs", "8"]) == 0
+    assert main([*argv, "--prefetch", "--run-ahead-epochs", "5"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [r["config"]["run_ahead_epochs"] for r in out["lms"]] == [8]
+    assert [r["config"]["run_ahead_epochs"] for r in out["lms"]] == [5]
+    # Without the flag, the patch's default.
+    assert main([*argv, "--prefetch"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["config"]["run_ahead_epochs"] for r in out["lms"]] == [PATCH_RUN_AHEAD_EPOCHS]
     assert main([*argv, "--run-ahead-epochs", "64"]) == 2
     assert "--run-ahead-epochs" in capsys.readouterr().err
     with pytest.raises(ValueError, match="run_ahead_epochs"):

@@ -631,7 +631,7 @@ def test_run_ahead_limit_inside_tensorflow_holds_the_host_and_keeps_values() -> 
     verbose = {"TF_CPP_MIN_LOG_LEVEL": "0"}
     result, log = run_case_with_log("rnn", "prefetch", {**verbose, "TF_LMS_RUN_AHEAD_EPOCHS": "8"})
     assert "holds the host within 8 last-use epochs" in log, log[-3000:]
-    assert "(TF_LMS_RUN_AHEAD_EPOCHS=8; experimental)" in log
+    assert "(TF_LMS_RUN_AHEAD_EPOCHS=8)" in log
     stats = result["stats"]
     assert stats["bytes_reclaimed"] > 0 and stats["num_prefetch_steps"] > 0, stats
     assert stats["num_run_ahead_waits"] > 0, stats
@@ -639,8 +639,12 @@ def test_run_ahead_limit_inside_tensorflow_holds_the_host_and_keeps_values() -> 
     # Unset: the patch's default (kRunAheadEpochsDefault, which the planner mirrors); a value
     # out of range is named and the default kept; 0 turns the throttle off.
     default = run_ahead_default()
-    result = run_case("rnn", "prefetch", {"TF_LMS_RUN_AHEAD_EPOCHS": ""})
+    result, log = run_case_with_log("rnn", "prefetch", {**verbose, "TF_LMS_RUN_AHEAD_EPOCHS": ""})
     assert (result["stats"]["num_run_ahead_waits"] > 0) == (default > 0), result["stats"]
+    assert (
+        f"holds the host within {default} last-use epochs" in log
+        and "(LMS's default; TF_LMS_RUN_AHEAD_EPOCHS=0 turns it off)" in log
+    ) == (default > 0), log[-3000:]
     result, log = run_case_with_log("rnn", "prefetch", {**verbose, "TF_LMS_RUN_AHEAD_EPOCHS": "99"})
     assert "TF_LMS_RUN_AHEAD_EPOCHS=99 is ignored" in log, log[-3000:]
     assert (result["stats"]["num_run_ahead_waits"] > 0) == (default > 0), result["stats"]

@@ -44,9 +44,10 @@ class Engine:
     learned, steps are timed on the modelled host clock with and without prefetch, and
     the faster is kept, the other tried again every 50 steps.
 
-    ``run_ahead_epochs`` (experimental, 0: off): while tensors are on the host, the host
-    waits at every last-use epoch (32 unpins) until the GPU has done the kernels of that
-    many epochs before (EngineOptions::run_ahead_epochs).
+    ``run_ahead_epochs`` (with ``prefetch``; 0, the engine's default: off; the patch and
+    the add-on set 8): while tensors are on the host, the host waits at every last-use
+    epoch (32 unpins) until the GPU has done the kernels of that many epochs before
+    (EngineOptions::run_ahead_epochs).
     """
 
     def __init__(

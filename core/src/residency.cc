@@ -181,8 +181,9 @@ Status Engine::Impl::SyncLastUses(std::unique_lock<std::mutex>& lock) {
 // epochs gave step times 2.4% lower by geometric mean, up to 10.7%, 17
 // points within 1.05x of the Ideal instead of 12, and one 2.2% slower
 // (InceptionV3 at 636 on the AC922); at 6 epochs the U-Net at 480^3 on the
-// H100 ran out of memory. Off by default until the patch's pages are
-// regenerated with it.
+// H100 ran out of memory. The engine's own default is off (0), as for its
+// other policies; the patch and the add-on turn it on at 8
+// (lms::kRunAheadEpochsDefault).
 void Engine::Impl::ThrottleRunAhead(std::unique_lock<std::mutex>& lock,
                                     uint64_t closed) {
   const uint64_t limit = static_cast<uint64_t>(options_.run_ahead_epochs);

@@ -370,8 +370,9 @@ PATCH_PREFETCH_DEFAULT = True
 # The add-on's (fixed addresses): tensorflow::lms::kFixedAddressPrefetchEnabledDefault.
 ADDON_PREFETCH_DEFAULT = False
 # The engine's host throttle where TF_LMS_RUN_AHEAD_EPOCHS is unset:
-# tensorflow::lms::kRunAheadEpochsDefault (EngineOptions::run_ahead_epochs; 0: off).
-PATCH_RUN_AHEAD_EPOCHS = 0
+# tensorflow::lms::kRunAheadEpochsDefault (EngineOptions::run_ahead_epochs; 0: off), which
+# tests/test_prefetch_default.py checks. It acts only with prefetch and bytes on the host.
+PATCH_RUN_AHEAD_EPOCHS = 8
 
 
 def _prefetch_label(default: bool) -> str:
@@ -412,7 +413,7 @@ class EngineConfig:
     # How far the host may run ahead of the GPU, in compute-stream operations (0: no
     # bound, the planner's model before the host thread was modelled).
     launch_queue_depth: int = LAUNCH_QUEUE_DEPTH
-    # The engine's experimental host throttle with prefetch (EngineOptions::run_ahead_epochs;
+    # The engine's host throttle with prefetch (EngineOptions::run_ahead_epochs;
     # 0: off).
     run_ahead_epochs: int = PATCH_RUN_AHEAD_EPOCHS
 

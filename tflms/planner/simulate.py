@@ -78,7 +78,7 @@ class Machine:
     what_if: tuple[str, ...] = ()
     # The add-on's fixed-address mode (None: the patch's mode, buffers move).
     fixed: FixedPages | None = None
-    # The engine's experimental host throttle with prefetch (EngineOptions::run_ahead_epochs,
+    # The engine's host throttle with prefetch (EngineOptions::run_ahead_epochs,
     # TF_LMS_RUN_AHEAD_EPOCHS; 0: off).
     run_ahead_epochs: int = PATCH_RUN_AHEAD_EPOCHS
 

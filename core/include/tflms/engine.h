@@ -99,8 +99,9 @@ struct EngineOptions {
   // With prefetch, how far the host may run ahead of the compute stream
   // while tensors are on the host, in last-use epochs (32 unpins each): at
   // every epoch close the host waits until the GPU has done the kernels
-  // unpinned `run_ahead_epochs` epochs before. 0 (the default): no limit
-  // beyond the device's own launch queue; at most 63. Experimental: the
+  // unpinned `run_ahead_epochs` epochs before. 0 (the default here): no limit
+  // beyond the device's own launch queue; at most 63. TensorFlow's adapters
+  // set 8 unless TF_LMS_RUN_AHEAD_EPOCHS says otherwise. The
   // engine decides on the host's clock which chunk a copy goes into, and
   // with the host a launch queue ahead a free chunk may still be in use on
   // the GPU's; a closer host makes those decisions nearer to the GPU's clock

@@ -17,9 +17,11 @@ limitations under the License.
 
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include "absl/log/log.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "xla/tsl/util/env_var.h"
 
 namespace tensorflow {
@@ -104,8 +106,11 @@ int RunAheadEpochs(absl::string_view device) {
   if (epochs > 0) {
     LOG(INFO) << "With prefetch, " << device << " holds the host within "
               << epochs << " last-use epochs of the GPU while tensors are on "
-              << "the host (" << (from_env ? "TF_LMS_RUN_AHEAD_EPOCHS=" : "")
-              << (from_env ? env : "LMS's default") << "; experimental).";
+              << "the host ("
+              << (from_env ? absl::StrCat("TF_LMS_RUN_AHEAD_EPOCHS=", env)
+                           : std::string("LMS's default; "
+                                         "TF_LMS_RUN_AHEAD_EPOCHS=0 turns it off"))
+              << ").";
   }
   return static_cast<int>(epochs);
 }
