@@ -141,7 +141,7 @@ def add_parsers(sub: Any) -> None:
         "--run-ahead-epochs",
         type=int,
         default=PATCH_RUN_AHEAD_EPOCHS,
-        help="experimental, with prefetch: hold the host within this many last-use epochs "
+        help="with prefetch: hold the host within this many last-use epochs "
         "(32 unpins each) of the GPU while tensors are on the host (TF_LMS_RUN_AHEAD_EPOCHS; "
         f"0: off; at most 63; default {PATCH_RUN_AHEAD_EPOCHS}, the patch's)",
     )
@@ -821,7 +821,10 @@ def cmd_steadiness(args: argparse.Namespace) -> int:
         measured = list(steadiness.measure(points, jobs, lambda p: bar.update(1)))
     finally:
         bar.close()
-    _write_page(out, steadiness.markdown(measured), args.json_output, steadiness.to_json(measured))
+    # The page is rendered from what the JSON keeps (steps rounded to 10 us), so that
+    # --from-json rebuilds it to the byte.
+    data = steadiness.to_json(measured)
+    _write_page(out, steadiness.markdown(steadiness.from_json(data)), args.json_output, data)
     print(f"wrote {out} ({len(measured)} points)")
     return 0
 
@@ -858,6 +861,7 @@ def cmd_lookahead(args: argparse.Namespace) -> int:
         swept = list(ls.sweep(entries, lookaheads, jobs, lambda: bar.update(1)))
     finally:
         bar.close()
-    _write_page(out, ls.markdown(swept), args.json_output, ls.to_json(swept))
+    data = ls.to_json(swept)  # rendered from what the JSON keeps, as cmd_steadiness does
+    _write_page(out, ls.markdown(ls.from_json(data)), args.json_output, data)
     print(f"wrote {out} ({len(swept)} points)")
     return 0

@@ -118,6 +118,12 @@ def from_json(d: dict[str, Any]) -> list[Swept]:
     ]
 
 
+def _name(s: Swept) -> str:
+    """The point's label, marked where it is a largest batch: a size can be both one of the
+    2x-6x points and the largest, and the two are replayed apart."""
+    return s.point.label() + ("" if s.point.kind == "overhead" else " (largest)")
+
+
 def _cell(s: Series) -> str:
     m = s.mean()
     return f"{m:.3f}" if s.fits and m is not None else f"OOM step {len(s.steps) + 1}"
@@ -207,7 +213,7 @@ def markdown(swept: list[Swept]) -> str:
         mean, n, worst, ratio = against_default(swept, la)
         if n and worst is not None:
             others.append(
-                f"{la} {pct(mean - 1)} over {n} (at most {pct(ratio - 1)}, {worst.point.label()})"
+                f"{la} {pct(mean - 1)} over {n} (at most {pct(ratio - 1)}, {_name(worst)})"
             )
     if others:
         lines.append(
@@ -218,12 +224,12 @@ def markdown(swept: list[Swept]) -> str:
         g, s, b = top
         lines.append(
             f"- The most the best lookahead gains over the default: {100 * g:.1f}% "
-            f"({s.point.label()}, lookahead {b})."
+            f"({_name(s)}, lookahead {b})."
         )
     if lost:
         lines.append(
             "- Out of memory where the default runs: "
-            + "; ".join(f"{s.point.label()} at {la}" for s, la in lost)
+            + "; ".join(f"{_name(s)} at {la}" for s, la in lost)
             + "."
         )
     lines += [
@@ -238,9 +244,8 @@ def markdown(swept: list[Swept]) -> str:
         od = s.on_demand.mean() if s.on_demand.fits else None
         bm = s.prefetch[b].mean() if b is not None else None
         dm = s.prefetch[DEFAULT_LOOKAHEAD].mean() if s.prefetch[DEFAULT_LOOKAHEAD].fits else None
-        kind = "" if s.point.kind == "overhead" else " (largest)"
         lines.append(
-            f"| {s.point.label()}{kind} | {_cell(s.on_demand)} | "
+            f"| {_name(s)} | {_cell(s.on_demand)} | "
             + " | ".join(_cell(s.prefetch[la]) for la in las)
             + f" | {b if b is not None else '-'} | {_vs(bm, od)} | {_vs(bm, dm)} |"
         )
