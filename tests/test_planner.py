@@ -290,9 +290,10 @@ def test_max_batch_reports_no_batch_above_a_hole(monkeypatch: pytest.MonkeyPatch
 
 def test_max_batch_reports_a_batch_that_runs_twenty_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     # Replays stubbed so that batches up to 400 run the search's two steps but only those
-    # up to 390 run twenty, as at the host's edge, where the layout the engine reaches
+    # up to 392 run twenty, as at the host's edge, where the layout the engine reaches
     # can fill the host side after a few steps (InceptionV3 at 687 on the DGX-1 did in
-    # step 8). The answer steps down by 1% of itself until twenty steps run.
+    # step 8). The answer steps down by 1% of itself until twenty steps run (390), then
+    # bisects what that skipped below the last failure (393): 391 and 392 run.
     from tflms.planner import simulate
 
     trace = chain_trace(layers=8, batch=4)
@@ -301,7 +302,7 @@ def test_max_batch_reports_a_batch_that_runs_twenty_steps(monkeypatch: pytest.Mo
     monkeypatch.setattr(simulate, "peak_live_bytes", lambda batch: batch * MIB)
 
     def attempt(batch: int, machine: Machine, lms: bool, _p: bool, _d: bool, steps: int) -> Any:
-        limit = (400 if steps <= 2 else 390) if lms else 50
+        limit = (400 if steps <= 2 else 392) if lms else 50
         message = "LMS host memory pool is full" if lms else "x"
         return ReplayResult(
             config=machine.config(lms=lms), fits=batch <= limit, oom_message=message
@@ -309,13 +310,42 @@ def test_max_batch_reports_a_batch_that_runs_twenty_steps(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(simulate, "_attempt", attempt)
     mb = max_batch(trace, m)
-    assert mb["with_lms"] == 390
+    assert mb["with_lms"] == 392
     confirm = mb["search"]["with_lms"]["confirm"]
-    assert confirm == {"steps": 20, "failed": [400, 396, 393], "largest": 390}
+    assert confirm == {"steps": 20, "failed": [400, 396, 393], "largest": 392}
     assert mb["search"]["with_lms"]["largest"] == 400  # what two steps alone found
     assert mb["limited_by"] == "host"
     # Without confirmation the two-step answer stands.
     assert max_batch(trace, m, confirm_steps=2)["with_lms"] == 400
+
+
+def test_confirmation_bisects_what_its_step_down_skipped() -> None:
+    # 1000 fails twenty steps, 990 (1% less) runs them: 991-999 were skipped, and the
+    # bisection finds 995, the largest that runs, with 997 and 996 tried and failed. A
+    # candidate at the floor (the largest batch without LMS, known to run) is not replayed.
+    from tflms.planner.simulate import confirm_largest
+
+    config = machine(64 * MIB, host=1 * GIB).config()
+    tried: list[tuple[int, int]] = []
+
+    def fits_for(n: int, steps: int) -> ReplayResult:
+        tried.append((n, steps))
+        return ReplayResult(config=config, fits=n <= 995, oom_message=f"out of memory at {n}")
+
+    def step_down(n: int) -> int:
+        return n - max(1, n // 100)
+
+    n, failed = confirm_largest(fits_for, 1000, 500, 20, step_down)
+    assert n == 995
+    assert [f[0] for f in failed] == [1000, 997, 996]
+    assert failed[0][1] == "out of memory at 1000"
+    assert [n for n, _ in tried] == [1000, 990, 995, 997, 996]
+    assert {steps for _, steps in tried} == {20}
+    # Nothing above the floor runs: the answer is the floor, and only failures were tried.
+    tried.clear()
+    n, failed = confirm_largest(fits_for, 1000, 998, 20, step_down)
+    assert n == 998 and [f[0] for f in failed] == [1000, 999]
+    assert [n for n, _ in tried] == [1000, 999]
 
 
 def test_max_size_searches_edges_in_multiples_of_16() -> None:

@@ -375,15 +375,29 @@ def confirm_largest(
     fits_for(n, steps) replays n; next_down(n) is the next candidate below n. Returns the
     answer and the candidates that failed, each as [n, out-of-memory message]. `floor`
     (known to fit, e.g. the largest without LMS) is returned unreplayed if reached.
+
+    Stepping down by next_down skips the candidates between the last one that failed and
+    the first that runs; those are then bisected, so the answer is the largest that runs
+    below the failure rather than up to one step short of it. Every answer has run `steps`
+    steps (or is `floor`); above it only candidates that failed were tried.
     """
     failed: list[list[Any]] = []
     n = largest
     while n > floor:
         r = fits_for(n, steps)
         if r.fits:
-            return n, failed
+            break
         failed.append([n, r.oom_message])
         n = max(floor, next_down(n))
+    above = failed[-1][0] if failed else n + 1
+    while above - n > 1:
+        mid = (n + above) // 2
+        r = fits_for(mid, steps)
+        if r.fits:
+            n = mid
+        else:
+            failed.append([mid, r.oom_message])
+            above = mid
     return n, failed
 
 

@@ -434,7 +434,8 @@ def transformers_markdown(res: dict[str, Any]) -> str:
         "sequence^2 x width): GPT-2 1.5B at 1024 tokens traces 10.58 TFLOP per sample against "
         "10.54 by that formula (the test checks GPT-2 124M within 5%).",
         "- The largest batches are found by bisection over two steps to within 1%, and each "
-        "must then run 20 steps, 1% less at a time until it does (docs/planner.md): at the "
+        "must then run 20 steps, 1% less at a time until it does, what that skipped bisected "
+        "again (docs/planner.md): at the "
         "host's edge the layout paging reaches can run out of memory a few steps in (BERT-large "
         "mixed at 87 on the AC922, GPT-2 355M mixed at 31 there).",
         "- Traces are taken at batch 1 and rescaled; which tensors scale with the batch is "
