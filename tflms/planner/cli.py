@@ -728,6 +728,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         log=lambda s: print(s, file=sys.stderr),
         on_study=save,
+        earlier_studies=previous.get("studies") if previous else None,
     )
     save(res)
     print(f"wrote {out} ({res['wall_s'] / 60:.1f} min of replays)")

@@ -297,10 +297,14 @@ def run_results(
     log: Callable[[str], None] = print,
     on_study: Callable[[dict[str, Any]], None] | None = None,
     paper: bool = True,
+    earlier_studies: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Every model on every machine, then the TFLMS papers' rows.
 
-    on_study(results so far) runs after each study.
+    on_study(results so far) runs after each study. earlier_studies: those a subset run
+    keeps (`tflms results --models ...`); the papers' rows reuse their searches where this
+    run did not redo them, rather than searching again by other rules (the papers' ResNet50
+    is searched exactly, as its study is).
     """
     from tflms.planner.paper import run_paper_comparison
 
@@ -328,8 +332,10 @@ def run_results(
     if paper:
         t0 = time.monotonic()
         log("the TFLMS papers' rows ...")
+        fresh = {study_key(s) for s in out["studies"]}
+        kept = [s for s in earlier_studies or [] if study_key(s) not in fresh]
         out["paper"] = run_paper_comparison(
-            get_trace, steps=steps, progress=progress, studies=out["studies"]
+            get_trace, steps=steps, progress=progress, studies=kept + out["studies"]
         )
         out["paper"]["wall_s"] = time.monotonic() - t0
         log(f"the TFLMS papers' rows: {out['paper']['wall_s']:.0f} s")
