@@ -37,7 +37,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("lms", "prefetch")
 CASES = ("keras_fit", "keras_fit_deep")
-LABELS = {"lms": "on-demand", "prefetch": "prefetch", "guarded": "prefetch + guard"}
+LABELS = {
+    "lms": "on-demand",
+    "prefetch": "prefetch",
+    "guarded": "prefetch + guard",
+    "unheld": "prefetch, host unheld",
+}
+# Modes that run another tfcpu_cases mode under extra environment: `unheld` is prefetch with
+# the engine's host throttle off (TF_LMS_RUN_AHEAD_EPOCHS=0; its default holds the host
+# within 8 last-use epochs of the compute stream).
+CASE_MODES = {"unheld": ("prefetch", {"TF_LMS_RUN_AHEAD_EPOCHS": "0"})}
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -69,6 +78,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also run prefetch with the engine's guard (times steps with and without "
         "prefetch once learned and keeps the faster mode)",
     )
+    p.add_argument(
+        "--unheld",
+        action="store_true",
+        help="also run prefetch with the host throttle off (TF_LMS_RUN_AHEAD_EPOCHS=0), to "
+        "measure what holding the host near the compute stream does",
+    )
     p.add_argument("--json", type=Path, help="also write every run's figures here")
     args = p.parse_args(argv)
     if args.runs < 1:
@@ -82,8 +97,10 @@ def run_fit(
     mode: str, link_gbps: float, device_memory: str | None = None, case: str = "keras_fit"
 ) -> dict[str, Any]:
     """One Keras fit in a fresh process; its figures."""
+    case_mode, extra = CASE_MODES.get(mode, (mode, {}))
     env = {
         **os.environ,
+        **extra,
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "TFCPU_LINK_BYTES_PER_SECOND": str(link_gbps * 1e9),
         "TFCPU_VERIFY_PINS": "0",  # the tests' byte checks would be timed too
@@ -91,7 +108,7 @@ def run_fit(
     if device_memory:
         env["TFCPU_DEVICE_MEMORY"] = device_memory
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.tfcpu_cases", case, mode],
+        [sys.executable, "-m", "tests.tfcpu_cases", case, case_mode],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -174,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     import tflms.tfcpu as tc  # noqa: PLC0415
 
     tc.library()  # built once, with its own progress bar, before the runs
-    modes = (*MODES, "guarded") if args.guard else MODES
+    modes = (*MODES, *(("guarded",) if args.guard else ()), *(("unheld",) if args.unheld else ()))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tqdm(total=args.runs * len(modes), desc=args.case, unit="run") as bar:
         for _ in range(args.runs):

@@ -82,3 +82,32 @@ def test_each_mode_beside_on_demand_gets_its_ratios() -> None:
     assert "prefetch + guard / on-demand (medians): fit wall 1.00x, kernels waited 0.50x" in (
         table
     ), table
+
+
+def test_the_unheld_mode_is_prefetch_with_the_host_throttle_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `--unheld` measures, beside the default, prefetch without the engine holding the host
+    # near the compute stream: the same tfcpu_cases mode with TF_LMS_RUN_AHEAD_EPOCHS=0.
+    import json
+    import subprocess
+
+    b = bench()
+    assert b._parse_args(["--unheld"]).unheld  # noqa: SLF001
+    assert not b._parse_args([]).unheld  # noqa: SLF001
+    monkeypatch.delenv("TF_LMS_RUN_AHEAD_EPOCHS", raising=False)
+    seen: list[tuple[list[str], str | None]] = []
+
+    def run(cmd: list[str], env: dict[str, str], **_: object) -> subprocess.CompletedProcess:
+        seen.append((cmd[-2:], env.get("TF_LMS_RUN_AHEAD_EPOCHS")))
+        out = "RESULT " + json.dumps(result(10, 10, 1)) + "\n"
+        return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
+
+    monkeypatch.setattr(b.subprocess, "run", run)
+    b.run_fit("unheld", 2.0, case="keras_fit_deep")
+    b.run_fit("prefetch", 2.0, case="keras_fit_deep")
+    assert seen == [(["keras_fit_deep", "prefetch"], "0"), (["keras_fit_deep", "prefetch"], None)]
+    table = b.format_table(
+        {"lms": [b.figures_of(result(20, 10, 10))], "unheld": [b.figures_of(result(10, 10, 1))]}
+    )
+    assert "| prefetch, host unheld | 2.00 s" in table, table
