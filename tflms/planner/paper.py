@@ -122,10 +122,10 @@ def run_paper_comparison(
     }
     resnet = known.get("ResNet50", {}).get("max_batch")
     if resnet is None:
-        from tflms.planner.study import RESULT_MODELS
+        from tflms.planner.study import exact_pairings
 
         # As ResNet50's study searches it: exactly where its StudyModel says so.
-        exact = any(m.name == "ResNet50" and machine.pairing in m.exact_on for m in RESULT_MODELS)
+        exact = machine.pairing in exact_pairings("ResNet50")
         resnet = max_batch(
             get_trace("ResNet50", 32, None), machine, steps=steps, rel_tol=0.0 if exact else 0.01
         )

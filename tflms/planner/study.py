@@ -55,6 +55,12 @@ RESULT_MODELS = (
 )
 
 
+def exact_pairings(model: str) -> tuple[str, ...]:
+    """Where `model`'s largest batch is searched exactly (its StudyModel's exact_on), for
+    every search of it outside its study: the demo's and the papers' rows."""
+    return next((m.exact_on for m in RESULT_MODELS if m.name == model), ())
+
+
 @dataclasses.dataclass(frozen=True)
 class StudyGpu:
     """A GPU and the real machines that carry it (machines.py): one search per host size."""
@@ -144,9 +150,8 @@ def run_demo(base_batch: int = DEMO_BATCH, progress: bool = True, steps: int = 2
     machines = pairing_machines(DEMO_PAIRINGS)
     # Searched as docs/results.md searches the model, so that the demo and the page agree
     # (ResNet50 on the AC922 exactly: 1342, 7.54x, where 1% found 1334, 7.49x).
-    exact = next((m.exact_on for m in RESULT_MODELS if m.name == DEMO_MODEL), ())
     per_machine = max_batch_per_machine(
-        trace, machines, steps=steps, progress=progress, exact=exact
+        trace, machines, steps=steps, progress=progress, exact=exact_pairings(DEMO_MODEL)
     )
     without = next(iter(per_machine.values()))["without_lms"]
     smallest = min(mb["with_lms"] for mb in per_machine.values())
@@ -265,6 +270,12 @@ def study_key(s: dict[str, Any]) -> tuple[str, str]:
     return s["model"], s["machine"].get("pairing") or s["machine"]["gpu"]
 
 
+def not_rerun(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The studies of `old` whose model and machine `new` has not redone."""
+    fresh = {study_key(s) for s in new}
+    return [s for s in old if study_key(s) not in fresh]
+
+
 def parts_wall_s(results: dict[str, Any]) -> float:
     """A whole run's replay time by the latest run of each part: every study, and the
     TFLMS papers' rows where their time was kept."""
@@ -278,8 +289,7 @@ def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     Its time is that of a whole run by the latest run of each part (parts_wall_s): adding
     the two runs' times would count the replaced studies twice.
     """
-    fresh = {study_key(s) for s in new["studies"]}
-    kept = [s for s in old.get("studies", []) if study_key(s) not in fresh]
+    kept = not_rerun(old.get("studies", []), new["studies"])
     machine_order = {p: i for i, g in enumerate(RESULT_MACHINES) for p in g.pairings}
     model_order = {m.name: i for i, m in enumerate(RESULT_MODELS)}
 
@@ -337,8 +347,7 @@ def run_results(
     if paper:
         t0 = time.monotonic()
         log("the TFLMS papers' rows ...")
-        fresh = {study_key(s) for s in out["studies"]}
-        kept = [s for s in earlier_studies or [] if study_key(s) not in fresh]
+        kept = not_rerun(earlier_studies or [], out["studies"])
         out["paper"] = run_paper_comparison(
             get_trace, steps=steps, progress=progress, studies=kept + out["studies"]
         )
