@@ -295,7 +295,11 @@ def test_simulate_takes_the_run_ahead_limit(
     assert main([*argv, "--prefetch"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["config"]["run_ahead_epochs"] for r in out["lms"]] == [PATCH_RUN_AHEAD_EPOCHS]
-    assert main([*argv, "--run-ahead-epochs", "64"]) == 2
-    assert "--run-ahead-epochs" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="run_ahead_epochs"):
-        tflms.Engine(device_memory=256 * MIB, run_ahead_epochs=64)
+    # The bound is the engine's (tflms::kMaxRunAheadEpochs), named where it is refused.
+    top = tflms.engine.MAX_RUN_AHEAD_EPOCHS
+    assert main([*argv, "--run-ahead-epochs", str(top + 1)]) == 2
+    assert f"0 (off) to {top}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=f"1 to {top}"):
+        tflms.Engine(device_memory=256 * MIB, run_ahead_epochs=top + 1)
+    # The bound itself passes the C++ engine's own check (Init).
+    tflms.Engine(device_memory=256 * MIB, run_ahead_epochs=top, prefetch=True)

@@ -15,6 +15,8 @@ from tflms import _core
 OutOfMemoryError = _core.OutOfMemoryError
 # The engine's own default (EngineOptions in core/include/tflms/engine.h), in pins.
 DEFAULT_PREFETCH_LOOKAHEAD: int = _core.DEFAULT_PREFETCH_LOOKAHEAD
+# The engine's bound on run_ahead_epochs (tflms::kMaxRunAheadEpochs, core/include/tflms/engine.h).
+MAX_RUN_AHEAD_EPOCHS: int = _core.MAX_RUN_AHEAD_EPOCHS
 Buffer = _core.Buffer
 
 BACKENDS = ("sim", "cuda")
@@ -103,9 +105,10 @@ class Engine:
                 raise ValueError(f"{name} must be an integer byte count, got {value!r}")
         if prefetch_lookahead < 0:
             raise ValueError("prefetch_lookahead must be >= 0")
-        if isinstance(run_ahead_epochs, bool) or not 0 <= run_ahead_epochs < 64:
+        if isinstance(run_ahead_epochs, bool) or not 0 <= run_ahead_epochs <= MAX_RUN_AHEAD_EPOCHS:
             raise ValueError(
-                f"run_ahead_epochs must be 0 (no limit) or 1 to 63, got {run_ahead_epochs!r}"
+                f"run_ahead_epochs must be 0 (no limit) or 1 to {MAX_RUN_AHEAD_EPOCHS}, "
+                f"got {run_ahead_epochs!r}"
             )
         self._engine = _core.Engine(
             device_memory=device_memory,

@@ -106,10 +106,10 @@ Status Engine::Impl::Init() {
     return InvalidArgument("prefetch_lookahead must be >= 0");
   }
   if (options_.run_ahead_epochs < 0 ||
-      options_.run_ahead_epochs >= static_cast<int>(kEpochRing)) {
+      options_.run_ahead_epochs > kMaxRunAheadEpochs) {
     return InvalidArgument(
         "run_ahead_epochs must be 0 (no limit) or 1 to " +
-        std::to_string(kEpochRing - 1) +
+        std::to_string(kMaxRunAheadEpochs) +
         ": the engine keeps the events of that many epochs");
   }
   TFLMS_RETURN_IF_ERROR(SetLmsLimit(options_.lms_limit));

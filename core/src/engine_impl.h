@@ -789,7 +789,9 @@ class Engine::Impl {
   // at most kUnpinsPerEpoch unpins' worth of kernels later than the exact
   // last use, which a least-recently-used victim is long past.
   static constexpr uint64_t kUnpinsPerEpoch = 32;
-  static constexpr size_t kEpochRing = 64;
+  // The events of the last kEpochRing closed epochs: the throttle's target
+  // (run_ahead_epochs closes back) is always among them.
+  static constexpr size_t kEpochRing = kMaxRunAheadEpochs + 1;
   uint64_t open_epoch_ = 1;            // stamped by Unpin; never 0
   uint64_t unpins_in_open_epoch_ = 0;  // stamps of open_epoch_
   // Epochs <= this are proven complete (an event covering them was

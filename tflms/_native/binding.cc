@@ -347,6 +347,7 @@ PYBIND11_MODULE(_core, m) {
   using namespace tflms;
   m.doc() = "tflms LMS engine (C++), sim backend";
   m.attr("DEFAULT_PREFETCH_LOOKAHEAD") = EngineOptions{}.prefetch_lookahead;
+  m.attr("MAX_RUN_AHEAD_EPOCHS") = kMaxRunAheadEpochs;
   static py::exception<OutOfMemory> oom(m, "OutOfMemoryError",
                                         PyExc_MemoryError);
   py::register_exception_translator([](std::exception_ptr p) {

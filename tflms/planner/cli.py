@@ -143,7 +143,8 @@ def add_parsers(sub: Any) -> None:
         default=PATCH_RUN_AHEAD_EPOCHS,
         help="with prefetch: hold the host within this many last-use epochs "
         "(32 unpins each) of the GPU while tensors are on the host (TF_LMS_RUN_AHEAD_EPOCHS; "
-        f"0: off; at most 63; default {PATCH_RUN_AHEAD_EPOCHS}, the patch's)",
+        f"0: off; default {PATCH_RUN_AHEAD_EPOCHS}, the patch's; a value over the engine's "
+        "bound is refused with the bound named)",
     )
     out = p.add_argument_group("what to do")
     out.add_argument(
@@ -372,8 +373,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return _fail("--prefetch-lookahead must be 0 or more")
     if args.launch_queue < 0:
         return _fail("--launch-queue must be 0 (no bound) or more")
-    if not 0 <= args.run_ahead_epochs <= 63:
-        return _fail("--run-ahead-epochs must be 0 (off) to 63: the engine keeps 64 epochs")
+    from tflms.engine import MAX_RUN_AHEAD_EPOCHS
+
+    if not 0 <= args.run_ahead_epochs <= MAX_RUN_AHEAD_EPOCHS:
+        return _fail(
+            f"--run-ahead-epochs must be 0 (off) to {MAX_RUN_AHEAD_EPOCHS}: the engine keeps "
+            f"the events of {MAX_RUN_AHEAD_EPOCHS + 1} epochs"
+        )
     try:
         lookaheads = parse_lookaheads(args.lookaheads)
     except ValueError as exc:

@@ -49,6 +49,14 @@
 
 namespace tflms {
 
+// The most EngineOptions::run_ahead_epochs may be. The engine keeps the event
+// of each of the last kMaxRunAheadEpochs + 1 closed epochs (Impl's ring), and
+// the host waits for the event of the epoch that many closes back, which must
+// still be in the ring. Every layer that takes the setting (the patch's
+// TF_LMS_RUN_AHEAD_EPOCHS, tflms.Engine, `tflms simulate`) checks it against
+// this one constant.
+inline constexpr int kMaxRunAheadEpochs = 63;
+
 struct EngineOptions {
   std::string name = "lms";
   // Device bytes the allocator may take from the device (TF's memory limit).
@@ -100,8 +108,9 @@ struct EngineOptions {
   // while tensors are on the host, in last-use epochs (32 unpins each): at
   // every epoch close the host waits until the GPU has done the kernels
   // unpinned `run_ahead_epochs` epochs before. 0 (the default here): no limit
-  // beyond the device's own launch queue; at most 63. TensorFlow's adapters
-  // set 8 unless TF_LMS_RUN_AHEAD_EPOCHS says otherwise. The
+  // beyond the device's own launch queue; at most kMaxRunAheadEpochs.
+  // TensorFlow's adapters set 8 unless TF_LMS_RUN_AHEAD_EPOCHS says
+  // otherwise. The
   // engine decides on the host's clock which chunk a copy goes into, and
   // with the host a launch queue ahead a free chunk may still be in use on
   // the GPU's; a closer host makes those decisions nearer to the GPU's clock

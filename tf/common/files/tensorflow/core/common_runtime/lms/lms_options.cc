@@ -22,6 +22,7 @@ limitations under the License.
 #include "absl/log/log.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tflms/engine.h"
 #include "xla/tsl/util/env_var.h"
 
 namespace tensorflow {
@@ -95,10 +96,11 @@ int RunAheadEpochs(absl::string_view device) {
   if (from_env) {
     absl::Status s = tsl::ReadInt64FromEnvVar("TF_LMS_RUN_AHEAD_EPOCHS",
                                               kRunAheadEpochsDefault, &epochs);
-    if (!s.ok() || epochs < 0 || epochs > 63) {
+    if (!s.ok() || epochs < 0 || epochs > tflms::kMaxRunAheadEpochs) {
       LOG(ERROR) << "TF_LMS_RUN_AHEAD_EPOCHS=" << env << " is ignored for "
                  << device << ": it must be 0 (off) or a number of epochs "
-                 << "from 1 to 63; " << kRunAheadEpochsDefault
+                 << "from 1 to " << tflms::kMaxRunAheadEpochs << "; "
+                 << kRunAheadEpochsDefault
                  << " (the default) is used.";
       epochs = kRunAheadEpochsDefault;
     }

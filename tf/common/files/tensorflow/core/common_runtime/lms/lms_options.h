@@ -90,8 +90,8 @@ inline constexpr int kRunAheadEpochsDefault = 8;
 // epochs (32 tensor unpins each) the host may run ahead of the GPU while
 // tensors are on the host (EngineOptions::run_ahead_epochs); 0 turns the
 // throttle off. Unset or empty: kRunAheadEpochsDefault. A value that is not
-// a number from 0 to 63 is logged and the default kept; a nonzero result is
-// logged once for `device`.
+// a number from 0 to tflms::kMaxRunAheadEpochs is logged and the default
+// kept; a nonzero result is logged once for `device`.
 int RunAheadEpochs(absl::string_view device);
 
 // GPUOptions.experimental.lms_prefetch_lookahead: tensor uses (pins) looked
