@@ -169,6 +169,13 @@ def add_parsers(sub: Any) -> None:
     )
     out.add_argument("--no-compare", action="store_true", help="replay only the chosen LMS mode")
     out.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    out.add_argument(
+        "--behind",
+        action="store_true",
+        help="also say where in the step the chosen LMS mode falls behind the ideal schedule "
+        "(20 stretches of equal ideal time: the lag each adds, and how much of it is the "
+        "compute stream waiting for page-ins)",
+    )
     out.add_argument("--plot", metavar="FILE.png", help="draw the memory timeline of a step")
     out.add_argument("--force", action="store_true", help="overwrite the --plot file")
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -436,6 +443,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         compare=not args.no_compare,
         record=bool(args.plot),
         progress=progress,
+        behind=args.behind,
     )
     if args.max_batch:
         try:
@@ -499,6 +507,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if tuning is not None:
             print()
             print(format_tuning(tuning))
+        if "behind_ideal" in report:
+            from tflms.planner.behind import format_behind
+
+            print()
+            print(format_behind(report["behind_ideal"]))
+        elif args.behind:
+            print("\nNo comparison with the ideal schedule: the step or the schedule does not fit.")
         if "plot" in report:
             print(f"\nmemory timeline: {report['plot']}")
     return 0

@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tflms.planner.behind import behind_ideal, behind_json
 from tflms.planner.gpu import GpuModel
 from tflms.planner.host import HostSide
 from tflms.planner.machines import Pairing, get_pairing, real_pairing
@@ -248,13 +249,17 @@ def simulate_step(
     compare: bool = True,
     record: bool = False,
     progress: bool = False,
+    behind: bool = False,
 ) -> tuple[dict[str, Any], ReplayResult | None]:
     """Fit and step time at the trace's batch. Returns the report and the recorded LMS replay.
 
     compare: also replay the other LMS variants (on-demand paging, as the patched
     TensorFlow runs with prefetch off, with defragmentation, and the engine's prefetch,
     TensorFlow's default with LMS on) so the report shows what each buys.
+    behind: also say where the chosen variant falls behind the Ideal schedule, op by op
+    (behind.py; the report's "behind_ideal", absent where either does not fit).
     """
+    record = record or behind
     plan = build_plan(trace, machine.gpu)
     variants = [(prefetch, defrag)]
     if compare:
@@ -316,6 +321,14 @@ def simulate_step(
         },
         "lms": [lms_json(r, unlimited_s, plan, ys) for r in runs],
     }
+    if behind and recorded is not None and recorded.fits and ys.ideal.fits:
+        parts = behind_ideal(
+            [s.t for s in recorded.samples],
+            [s.stall for s in recorded.samples],
+            ys.ideal.op_end_s,
+            plan.names,
+        )
+        report["behind_ideal"] = behind_json(parts, recorded.config.label())
     return report, recorded
 
 

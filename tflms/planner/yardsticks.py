@@ -249,9 +249,14 @@ class IdealResult:
     # from the start of its copy out until its copy in has landed (or its tensor died). The
     # schedule knows no host limit; where this exceeds the machine's, it cannot run there.
     host_peak_bytes: int = 0
+    # When each op of the measured step ends, from the step's start (behind.py compares the
+    # engine's replay with it op by op); not in the JSON.
+    op_end_s: tuple[float, ...] = dataclasses.field(default=(), repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        del out["op_end_s"]
+        return out
 
 
 @dataclasses.dataclass
@@ -636,6 +641,7 @@ def _timeline(
         compute_stall_s=stall,
         evictions=sum(1 for ev in mp.evictions if ev.at >= (steps - 1) * n),
         host_peak_bytes=_host_peak(mp, d2h, h2d, op_end, t0, latency_s, bytes_per_s),
+        op_end_s=tuple(float(t) - t0 for t in op_end[total - n :]),
     )
 
 

@@ -1,0 +1,132 @@
+"""Where a replayed step falls behind the Ideal schedule (`tflms simulate --behind`).
+
+The step-time ratio to the Ideal says how far the engine is from it, not where. Both the
+replay (its recorded samples: the compute stream's clock after each op) and the Ideal
+(yardsticks.IdealResult.op_end_s) know when each op of the measured step ends, counted from
+the step's start; the engine's lag behind the Ideal at an op is the difference. Op by op the
+lag swings both ways by whole copies (the two wait for their copies out at different ops),
+so the step is cut into stretches of equal Ideal time and each stretch says how much the lag
+grew over it and how much of that the engine's compute stream spent waiting for page-ins;
+the rest is ops starting late for another reason (the host had not launched them yet,
+blocked on a copy out, a settle or the run-ahead throttle), less what the Ideal waited
+there itself. The stretches' changes add up to the lag at the last op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+from tflms.planner.report import table
+
+# Stretches of the Ideal's step (each a twentieth of its time).
+DEFAULT_STRETCHES = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Stretch:
+    """The ops whose Ideal end falls in one stretch of the Ideal's step."""
+
+    first_op: int
+    last_op: int
+    last_name: str
+    ideal_end_s: float  # of its last op
+    engine_end_s: float
+    lag_change_s: float  # how much the engine's lag behind the Ideal grew over it
+    stall_s: float  # the engine's compute stream waiting for page-ins in it
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def behind_ideal(
+    engine_end_s: Sequence[float],
+    engine_stall_s: Sequence[float],
+    ideal_end_s: Sequence[float],
+    names: Sequence[str],
+    stretches: int = DEFAULT_STRETCHES,
+) -> list[Stretch]:
+    """The engine's lag behind the Ideal, stretch by stretch of the Ideal's step.
+
+    `engine_end_s` and `engine_stall_s` are per op of the measured step (the replay's
+    samples: op end and the compute stream's cumulative wait for page-ins), `ideal_end_s`
+    the Ideal's op ends, all from the step's start. Stretches holding no op are left out.
+    """
+    n = len(names)
+    if not (len(engine_end_s) == len(engine_stall_s) == len(ideal_end_s) == n):
+        raise ValueError(
+            f"one value per op is needed: {n} ops, {len(engine_end_s)} engine ends, "
+            f"{len(engine_stall_s)} stalls, {len(ideal_end_s)} Ideal ends"
+        )
+    if stretches < 1:
+        raise ValueError("stretches must be at least 1")
+    if n == 0:
+        return []
+    step = ideal_end_s[-1]
+    out: list[Stretch] = []
+    lag = stall = 0.0
+    first = 0
+    for i in range(n):
+        # Op i closes its stretch where the next op's Ideal end falls in a later one.
+        here = _stretch_of(ideal_end_s[i], step, stretches)
+        if i + 1 < n and _stretch_of(ideal_end_s[i + 1], step, stretches) == here:
+            continue
+        now = engine_end_s[i] - ideal_end_s[i]
+        out.append(
+            Stretch(
+                first_op=first,
+                last_op=i,
+                last_name=names[i],
+                ideal_end_s=ideal_end_s[i],
+                engine_end_s=engine_end_s[i],
+                lag_change_s=now - lag,
+                stall_s=engine_stall_s[i] - stall,
+            )
+        )
+        lag, stall, first = now, engine_stall_s[i], i + 1
+    return out
+
+
+def _stretch_of(t: float, step: float, stretches: int) -> int:
+    if step <= 0:
+        return 0
+    return min(stretches - 1, int(t / step * stretches))
+
+
+def behind_json(parts: Sequence[Stretch], label: str) -> dict[str, Any]:
+    return {
+        "label": label,
+        "stretches": [p.to_json() for p in parts],
+        "lag_s": parts[-1].engine_end_s - parts[-1].ideal_end_s if parts else 0.0,
+    }
+
+
+def format_behind(behind: dict[str, Any]) -> str:
+    """The stretches as a table (from the JSON form `tflms simulate --json` prints)."""
+    head = (
+        f"Where {behind['label']} falls behind the ideal schedule (the step in stretches of "
+        f"equal ideal time; its lag at the last op {behind['lag_s'] * 1e3:+.1f} ms):"
+    )
+    rows = [
+        [
+            f"{p['first_op']}-{p['last_op']}",
+            p["last_name"][:56],
+            f"{p['ideal_end_s']:.3f} s",
+            f"{p['engine_end_s']:.3f} s",
+            f"{p['lag_change_s'] * 1e3:+.1f} ms",
+            f"{p['stall_s'] * 1e3:.1f} ms",
+        ]
+        for p in behind["stretches"]
+    ]
+    header = ["ops", "last op", "ideal ends", "engine ends", "lag change", "page-in wait"]
+    return "\n".join(
+        [
+            head,
+            textwrap.indent(table(header, rows), "  "),
+            "  page-in wait: the engine's compute stream waiting for copies in; the rest of the",
+            "  change is ops starting late for another reason (the host had not launched them",
+            "  yet), less what the ideal schedule waited there itself.",
+        ]
+    )
