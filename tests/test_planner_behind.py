@@ -63,8 +63,10 @@ def test_the_ideal_keeps_its_op_ends_out_of_the_json() -> None:
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_simulate_says_where_the_replay_falls_behind_and_it_adds_up(prefetch: bool) -> None:
     # The chain under pressure on PCIe 3: the stretches cover every op once, add up to the
-    # lag at the last op, and their page-in waits to the replay's.
-    m = machine(6 * MIB, link="pcie3")
+    # lag at the last op, and their page-in waits to the replay's (which waits for some).
+    # Paging on demand there ends behind the Ideal; prefetch ends ahead of it (the Ideal
+    # is achievable, not optimal).
+    m = machine(4 * MIB, link="pcie3")
     trace = chain_trace()
     report, recorded = simulate_step(trace, m, prefetch=prefetch, compare=False, behind=True)
     assert recorded is not None and recorded.fits
@@ -81,6 +83,8 @@ def test_simulate_says_where_the_replay_falls_behind_and_it_adds_up(prefetch: bo
     # The lag is the engine's: its op ends (the step itself adds the end-of-step drain).
     assert abs(behind["lag_s"]) <= report["lms"][0]["step_time_s"]
     assert sum(p["stall_s"] for p in parts) == pytest.approx(recorded.samples[-1].stall)
+    assert recorded.samples[-1].stall > 0
+    assert (behind["lag_s"] < 0) == prefetch
     text = format_behind(behind)
     assert "falls behind the ideal schedule" in text
     assert f"{behind['lag_s'] * 1e3:+.1f} ms" in text
