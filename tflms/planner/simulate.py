@@ -256,8 +256,9 @@ def simulate_step(
     compare: also replay the other LMS variants (on-demand paging, as the patched
     TensorFlow runs with prefetch off, with defragmentation, and the engine's prefetch,
     TensorFlow's default with LMS on) so the report shows what each buys.
-    behind: also say where the chosen variant falls behind the Ideal schedule, op by op
-    (behind.py; the report's "behind_ideal", absent where either does not fit).
+    behind: also say where in the step the chosen variant falls behind the Ideal schedule,
+    stretch by stretch (behind.py; the report's "behind_ideal", absent where either does
+    not fit).
     """
     record = record or behind
     plan = build_plan(trace, machine.gpu)
