@@ -68,10 +68,10 @@ def behind_ideal(
     out: list[Stretch] = []
     lag = stall = 0.0
     first = 0
+    which = [_stretch_of(t, step, stretches) for t in ideal_end_s]
     for i in range(n):
         # Op i closes its stretch where the next op's Ideal end falls in a later one.
-        here = _stretch_of(ideal_end_s[i], step, stretches)
-        if i + 1 < n and _stretch_of(ideal_end_s[i + 1], step, stretches) == here:
+        if i + 1 < n and which[i + 1] == which[i]:
             continue
         now = engine_end_s[i] - ideal_end_s[i]
         out.append(
