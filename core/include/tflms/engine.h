@@ -110,11 +110,11 @@ struct EngineOptions {
   // unpinned `run_ahead_epochs` epochs before. 0 (the default here): no limit
   // beyond the device's own launch queue; at most kMaxRunAheadEpochs.
   // TensorFlow's adapters set 8 unless TF_LMS_RUN_AHEAD_EPOCHS says
-  // otherwise. The
-  // engine decides on the host's clock which chunk a copy goes into, and
-  // with the host a launch queue ahead a free chunk may still be in use on
-  // the GPU's; a closer host makes those decisions nearer to the GPU's clock
-  // (residency.cc, ThrottleRunAhead, says what the planner measured).
+  // otherwise. The engine decides on the host's clock which chunk a copy
+  // goes into, and with the host a launch queue ahead a free chunk may still
+  // be in use on the GPU's; a closer host makes those decisions nearer to the
+  // GPU's clock (residency.cc, ThrottleRunAhead, says what the planner
+  // measured).
   int run_ahead_epochs = 0;
 
   // Fixed-address mode (see above). Off: everything behaves as without it.
