@@ -598,15 +598,6 @@ class Engine::Impl {
   // pins within the next `pins` pins and that will need a chunk first
   // (on the host, or on their way there); 0 while no plan is followed.
   size_t BytesDueBackLocked(const Buffer* except, size_t pins) const;
-  // Whether `b` is on the host or on its way there for good (an early
-  // page-out, which its next pin cancels, is not).
-  static bool OnHostOrLeaving(const Buffer* b);
-  // Whether no buffer but `except` that the learned order pins from the
-  // cursor up to (not including) position `pos` is on the host or leaving
-  // for it, so that `except`'s copy in, needed at `pos`, enqueued now delays
-  // none needed sooner. Resumes the last scan where its answer still holds
-  // (PrefetchState::host_scan).
-  bool NothingOnHostBeforeLocked(size_t pos, const Buffer* except);
   // `b` stops being a prefetch not yet pinned (pinned, evicted or freed):
   // a look-ahead prefetch's bytes leave the byte budget's count.
   void EndPrefetchLocked(Buffer* b);
@@ -944,22 +935,6 @@ class Engine::Impl {
     };
     std::vector<PlannedIn> planned_ins;
     size_t in_next = 0;  // the first of planned_ins not started yet
-    // Bumped whenever a buffer starts leaving the device for good or has
-    // left it, and whenever the learned order followed changes: either can
-    // put a buffer on the host before a position once scanned clear.
-    uint64_t host_generation = 0;
-    // NothingOnHostBeforeLocked's last scan: the learned positions from
-    // `from` up to `clear_to` held nothing but `except` on the host as of
-    // `host_generation` (`generation`), keys resolved in or out of the
-    // candidate step as `in_candidate` says. `except` is compared, never
-    // dereferenced.
-    struct HostScan {
-      uint64_t generation = ~uint64_t{0};
-      bool in_candidate = false;
-      const Buffer* except = nullptr;
-      size_t from = 0;
-      size_t clear_to = 0;
-    } host_scan;
     uint64_t plan_generation = 0;  // bumped by every PlanStepLocked
     size_t plan_largest = 0;  // the largest buffer of the planned step
     // The planned step's allocations as (pins before it, rounded bytes),
