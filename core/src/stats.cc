@@ -70,6 +70,7 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"num_early_page_outs_cancelled", num_early_page_outs_cancelled},
       {"page_in_stall_ns", page_in_stall_ns},
       {"page_out_wait_ns", page_out_wait_ns},
+      {"num_run_ahead_checks", num_run_ahead_checks},
       {"num_run_ahead_waits", num_run_ahead_waits},
       {"run_ahead_wait_ns", run_ahead_wait_ns},
       {"num_allocs_from_free", num_allocs_from_free},

@@ -2896,6 +2896,56 @@ TEST(TrainingWorkloadReadsWhatItWroteInEveryMode) {
 }
 
 
+// One run of the throttle: 320 kernels of 1 ms, each with a pin and an
+// unpin (ten epochs), the host spending `host_s` on each launch; with
+// `on_host`, a tensor is on the host throughout.
+struct ThrottleRun {
+  double waited = 0;  // host seconds blocked on the GPU
+  int64_t waits = 0;
+  int64_t checks = 0;
+};
+ThrottleRun RunThrottled(int limit, bool prefetch, bool on_host,
+                         double host_s) {
+  SimOptions so;
+  so.device_memory = 64 * kMiB;
+  so.store_data = false;
+  so.launch_queue_depth = 1000;
+  SimDevice sim(so);
+  EngineOptions eo;
+  eo.memory_limit = 64 * kMiB;
+  eo.run_ahead_epochs = limit;
+  eo.prefetch_enabled = prefetch;
+  Engine engine(&sim, eo);
+  EXPECT_OK(engine.Init());
+  Status s;
+  Buffer* away = engine.AllocateBuffer(kMiB, /*pinned=*/false, &s);
+  EXPECT_OK(s);
+  void* ptr = nullptr;
+  Buffer* b = engine.AllocateBuffer(kMiB, /*pinned=*/true, &s, &ptr);
+  EXPECT_OK(s);
+  if (on_host) {
+    size_t reclaimed = 0;
+    EXPECT_OK(engine.ReclaimInactive(&reclaimed));
+    EXPECT(engine.GetBufferState(away) == BufferState::kReclaimed);
+  }
+  const double waited_before = sim.GetTimeline().host_sync_wait;
+  for (int i = 0; i < 320; ++i) {
+    if (i > 0) EXPECT_OK(engine.Pin(b, &ptr));
+    sim.Compute(1e-3);
+    if (host_s > 0) sim.HostAdvance(host_s);
+    EXPECT_OK(engine.Unpin(b));
+  }
+  ThrottleRun r;
+  r.waited = sim.GetTimeline().host_sync_wait - waited_before;
+  r.waits = engine.GetStats().num_run_ahead_waits;
+  r.checks = engine.GetStats().num_run_ahead_checks;
+  EXPECT_OK(engine.FreeBuffer(away));
+  EXPECT_OK(engine.FreeBuffer(b));
+  EXPECT_OK(engine.CheckInvariants());
+  sim.SynchronizeAll();
+  return r;
+}
+
 // The host throttle (EngineOptions::run_ahead_epochs), in modelled time: 320
 // kernels of 1 ms, each with a pin and an unpin (ten epochs), behind a launch
 // queue of 1000. Off, without prefetch, or with nothing on the host, the host
@@ -2911,50 +2961,20 @@ TEST(RunAheadLimitHoldsTheHostNearTheGpuOnlyWhileTensorsAreOnTheHost) {
   };
   for (const Case c : {Case{0, true, true}, Case{2, false, true},
                        Case{2, true, false}, Case{2, true, true}}) {
-    SimOptions so;
-    so.device_memory = 64 * kMiB;
-    so.store_data = false;
-    so.launch_queue_depth = 1000;
-    SimDevice sim(so);
-    EngineOptions eo;
-    eo.memory_limit = 64 * kMiB;
-    eo.run_ahead_epochs = c.limit;
-    eo.prefetch_enabled = c.prefetch;
-    Engine engine(&sim, eo);
-    EXPECT_OK(engine.Init());
-    Status s;
-    Buffer* away = engine.AllocateBuffer(kMiB, /*pinned=*/false, &s);
-    EXPECT_OK(s);
-    void* ptr = nullptr;
-    Buffer* b = engine.AllocateBuffer(kMiB, /*pinned=*/true, &s, &ptr);
-    EXPECT_OK(s);
-    if (c.on_host) {
-      size_t reclaimed = 0;
-      EXPECT_OK(engine.ReclaimInactive(&reclaimed));
-      EXPECT(engine.GetBufferState(away) == BufferState::kReclaimed);
-    }
-    const double waited_before = sim.GetTimeline().host_sync_wait;
-    for (int i = 0; i < 320; ++i) {
-      if (i > 0) EXPECT_OK(engine.Pin(b, &ptr));
-      sim.Compute(1e-3);
-      EXPECT_OK(engine.Unpin(b));
-    }
-    const double waited = sim.GetTimeline().host_sync_wait - waited_before;
+    const ThrottleRun r = RunThrottled(c.limit, c.prefetch, c.on_host, 0);
     std::printf("  limit %d, prefetch %s, %s: host waited %.3f s\n", c.limit,
                 c.prefetch ? "on" : "off",
                 c.on_host ? "a tensor on the host" : "nothing on the host",
-                waited);
-    const int64_t waits = engine.GetStats().num_run_ahead_waits;
+                r.waited);
     if (c.limit > 0 && c.prefetch && c.on_host) {
-      EXPECT(waited > 0.25 && waited < 0.26);
-      EXPECT(waits == 8);  // the closes of epochs 3 to 10
+      EXPECT(r.waited > 0.25 && r.waited < 0.26);
+      EXPECT(r.waits == 8);  // the closes of epochs 3 to 10
+      EXPECT(r.checks == 8);
     } else {
-      EXPECT(waited < 0.01);
-      EXPECT(waits == 0);
+      EXPECT(r.waited < 0.01);
+      EXPECT(r.waits == 0);
+      EXPECT(r.checks == 0);
     }
-    EXPECT_OK(engine.FreeBuffer(away));
-    EXPECT_OK(engine.FreeBuffer(b));
-    sim.SynchronizeAll();
   }
   // Out of range: the engine keeps 64 epochs' events.
   SimOptions so;
@@ -2965,6 +2985,17 @@ TEST(RunAheadLimitHoldsTheHostNearTheGpuOnlyWhileTensorsAreOnTheHost) {
   eo.run_ahead_epochs = 64;
   Engine engine(&sim, eo);
   EXPECT(engine.Init().code() == Code::kInvalidArgument);
+}
+
+// The same throttle with a host slower than its kernels (each 1 ms kernel
+// launched 2 ms after the one before): at every close the GPU is already
+// within the limit, so the host never waits and no wait is counted, while
+// every close past the limit is still checked.
+TEST(RunAheadLimitCountsNoWaitWhereTheGpuIsAlreadyWithinIt) {
+  const ThrottleRun r = RunThrottled(2, true, true, 2e-3);
+  EXPECT(r.waited < 1e-9);
+  EXPECT(r.waits == 0);
+  EXPECT(r.checks == 8);  // closes 3 to 10
 }
 
 // The training workload in the planner's mode: no bytes, modelled time, the

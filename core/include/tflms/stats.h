@@ -131,8 +131,10 @@ struct EngineStats {
   int64_t page_in_stall_ns = 0;      // host time pins blocked on copies
   int64_t page_out_wait_ns = 0;      // host time reclaims waited for D2H
   // The host throttle (EngineOptions::run_ahead_epochs): epoch closes at
-  // which the host synchronized with the GPU's compute stream (blocking
-  // where the GPU was behind), and the host time that took.
+  // which it looked at how far the GPU's compute stream had got; of those,
+  // the ones where the GPU was behind the limit and the host blocked until
+  // it caught up; and the host time that blocking took.
+  int64_t num_run_ahead_checks = 0;
   int64_t num_run_ahead_waits = 0;
   int64_t run_ahead_wait_ns = 0;
 
