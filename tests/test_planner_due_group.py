@@ -19,6 +19,7 @@ import pytest
 from tflms.planner.machines import get_pairing
 from tflms.planner.replay import replay
 from tflms.planner.simulate import Machine, build_plan
+from tflms.planner.steadiness import Point, point_plan
 from tflms.planner.study import get_trace
 
 
@@ -53,3 +54,29 @@ def test_prefetch_slides_a_concats_inputs_together_for_its_output() -> None:
     assert result.fits, f"{result.oom_op}: {result.oom_message}"
     assert result.stats["num_due_group_placements"] > 0
     assert result.stats["bytes_due_group_placed"] > 0
+
+
+def test_a_lone_input_on_the_host_lands_where_the_output_still_fits() -> None:
+    # ResNet152 at 1339 on the AC922 with twice the host, a largest batch: a batch-norm
+    # gradient's Mul pins two 4.29 GB inputs, one resident and one on the host, then
+    # allocates a 4.29 GB output. Both inputs and the output fit in the 8.3 GiB gap below
+    # the resident one, filled from its low end. But the lone input's pin paged it in by
+    # cluster placement, which counted an early page-out still in flight at the gap's low
+    # end as a wall: the input landed 2.0 GiB into the gap, and in step 10 the output
+    # found gaps of 2.0 and 2.3 GiB with 6.8 GB free. Now where the output would find no
+    # gap beside the input landed as its pin would land it, the input is paged in where
+    # the fit put it. Over 30 steps, as docs/steadiness.md replays a largest batch.
+    point = Point(
+        model="ResNet152",
+        pairing="ac922-v100",
+        n=1339,
+        size_model=False,
+        more_host=True,
+        kind="largest",
+        trace_batch=16,
+    )
+    plan, machine = point_plan(point)
+    result = replay(plan, machine.gpu, machine.config(prefetch=True), steps=30, timed=True)
+    assert result.fits, f"{result.oom_op}: {result.oom_message}"
+    assert result.steps == 30
+    assert result.stats["num_due_group_placements"] > 0

@@ -548,6 +548,8 @@ def test_keras_fit_learns_its_steps_and_prefetch_hits() -> None:
     assert not for_good, (allocator_lines, stats)
     assert stats["num_ooms"] == 0 or waited_allocations(log), (allocator_lines, stats)
     assert 0 <= stats["num_planned_prefetches"] <= stats["num_prefetches"], stats
+    planned = stats["num_planned_prefetches"]
+    assert 0 <= stats["num_planned_prefetches_queued"] <= planned, stats
     assert 0 <= stats["num_clean_evictions"] <= stats["num_prefetches"], stats
     # What a GPU's kernels would wait for: bytes paged in at a pin. On demand that is
     # every page-in. With prefetch it is not asserted lower, nor the time kernels wait
@@ -756,6 +758,7 @@ def test_planned_page_ins_run_inside_tensorflow() -> None:
     assert program_output(pre) == stock_output("keras_fit")
     stats = pre["stats"]
     assert 0 < stats["num_planned_prefetches"] <= stats["num_prefetches"], stats
+    assert 0 <= stats["num_planned_prefetches_queued"] <= stats["num_planned_prefetches"], stats
     assert stats["num_ooms"] == 0
 
 

@@ -33,7 +33,8 @@
 // paged out, so that the window is free above them (PackDueGroupLocked).
 // Where they do fit but two or more members are on the host, those are
 // paged in where the fit put them rather than one pin at a time wherever
-// best fit finds a gap then.
+// best fit finds a gap then; so is a lone member on the host where its
+// pin's page-in would land it where the output then finds no gap.
 //
 // Invariants: best effort, never an error for the pin: a member that finds
 // no destination stays where it is (or on the host, and its pin pages it in
@@ -100,7 +101,8 @@ Engine::Impl::LeavableRunsLocked(MayLeave may_leave) const {
 bool Engine::Impl::DueGroupFitsLocked(
     const std::unordered_set<const Buffer*>& in_group,
     const std::vector<Buffer*>& on_host, size_t output,
-    std::vector<std::pair<Buffer*, const char*>>* places) const {
+    std::vector<std::pair<Buffer*, const char*>>* places,
+    std::pair<const char*, const char*> wall) const {
   // The gaps the resident members leave, pinned where they are: early
   // page-outs in flight count as gone (their chunks are free before the
   // output's allocation has to wait), as do inactive buffers.
@@ -114,7 +116,17 @@ bool Engine::Impl::DueGroupFitsLocked(
   // rest has no address yet.
   std::vector<std::pair<size_t, const char*>> gaps;
   for (const auto& run : LeavableRunsLocked(leaves)) {
-    gaps.push_back({static_cast<size_t>(run.second - run.first), run.first});
+    Range r{run.first, run.second};
+    if (wall.first != nullptr && r.Overlaps(wall.first, wall.second)) {
+      if (wall.first > r.lo) {
+        gaps.push_back({Range{r.lo, wall.first}.size(), r.lo});
+      }
+      if (wall.second < r.hi) {
+        gaps.push_back({Range{wall.second, r.hi}.size(), wall.second});
+      }
+      continue;
+    }
+    gaps.push_back({r.size(), r.lo});
   }
   gaps.push_back({arena_->memory_limit() - arena_->bytes_reserved(), nullptr});
   // Best fit, largest first: whether the members on the host and the
@@ -146,6 +158,22 @@ bool Engine::Impl::DueGroupFitsLocked(
     if (g->second != nullptr) g->second += item.first;
   }
   return true;
+}
+
+std::pair<const char*, const char*> Engine::Impl::PageInLandingLocked(
+    const Buffer* m) {
+  // Mirrors AllocateChunk's first branch for a page-in at a pin.
+  const size_t rounded = BfcArena::RoundedBytes(m->size);
+  if (!UnderPlacementPressure(rounded) ||
+      arena_->bytes_in_use() + rounded > lms_limit_) {
+    return {nullptr, nullptr};
+  }
+  ClusterPlan plan = PlanClusterPlacement(rounded);
+  if (plan.lo == nullptr ||
+      (!plan.victims.empty() && !WorthPagingOutToPlace(rounded))) {
+    return {nullptr, nullptr};
+  }
+  return {plan.lo, plan.lo + rounded};
 }
 
 bool Engine::Impl::PlaceDueGroupLocked(std::unique_lock<std::mutex>& lock,
@@ -210,11 +238,31 @@ bool Engine::Impl::PlaceDueGroupLocked(std::unique_lock<std::mutex>& lock,
     // none: InceptionV3 at 692 on the DGX-1 paged in the first two of
     // AddN's three 3.6 GiB inputs as [free 3.2 | 3.6 | free 2.8 | 3.6 |
     // free 2.9] and the third failed. Where two or more members are on the
-    // host, they go where the fit put them. (One alone is its pin's own
-    // page-in.) The fit is best fit: filling the largest gaps first packed
-    // ResNet50's batch norm inputs at 1497 on the AC922 into the free run
-    // a later 4.8 GB allocation needed, and it failed.
-    if (on_host.size() < 2) return false;
+    // host, they go where the fit put them. The fit is best fit: filling
+    // the largest gaps first packed ResNet50's batch norm inputs at 1497 on
+    // the AC922 into the free run a later 4.8 GB allocation needed, and it
+    // failed.
+    //
+    // One alone is its pin's own page-in, which goes where cluster
+    // placement puts it: next to what cannot leave, where an early page-out
+    // still in flight counts as a wall although the fit counted it as gone.
+    // ResNet152 at batch 1339 on the AC922 with twice the host paged a
+    // 4.29 GB batch-norm input in that way 2.0 GiB into an 8.3 GiB gap the
+    // fit had filled from its low end, and the kernel's 4.29 GB output found
+    // gaps of 2.0 and 2.3 GiB only. So where the output would find no gap
+    // beside the member landed as its pin would land it, the member goes
+    // where the fit put it. Doing so for every lone member, whether the
+    // output needs it or not, made the 30 prefetch points of
+    // docs/results.md 0.95% slower (the 3D U-Net's 2-11%).
+    if (on_host.empty()) return false;
+    if (on_host.size() == 1) {
+      const auto landing = PageInLandingLocked(on_host[0]);
+      std::vector<std::pair<Buffer*, const char*>> unused;
+      if (landing.first == nullptr ||
+          DueGroupFitsLocked(in_group, {}, output, &unused, landing)) {
+        return false;
+      }
+    }
     return !places.empty() && MoveDueGroupLocked(lock, places);
   }
   // The window: a run of chunks that may leave, resident members'

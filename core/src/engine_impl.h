@@ -365,10 +365,17 @@ class Engine::Impl {
   // members on the host and the `output` bytes each find a gap. If so,
   // *places gets each member on the host that the fit put in a gap between
   // chunks, with its address (not those it put beyond the arena's regions).
+  // `wall`, when not empty, is a range that counts as pinned too (where a
+  // member on the host would land if its pin paged it in).
   bool DueGroupFitsLocked(
       const std::unordered_set<const Buffer*>& in_group,
       const std::vector<Buffer*>& on_host, size_t output,
-      std::vector<std::pair<Buffer*, const char*>>* places) const;
+      std::vector<std::pair<Buffer*, const char*>>* places,
+      std::pair<const char*, const char*> wall = {nullptr, nullptr}) const;
+  // Where the pin of `m`, on the host, would page it in: the range
+  // AllocateChunk's cluster placement would take, or {nullptr, nullptr}
+  // where it would not decide (best fit then).
+  std::pair<const char*, const char*> PageInLandingLocked(const Buffer* m);
   // Puts each member at its destination: resident ones move (device to
   // device, else through the host), those on the host are paged in there;
   // whatever inactive buffers lie in a destination are paged out first and
@@ -598,6 +605,15 @@ class Engine::Impl {
   // pins within the next `pins` pins and that will need a chunk first
   // (on the host, or on their way there); 0 while no plan is followed.
   size_t BytesDueBackLocked(const Buffer* except, size_t pins) const;
+  // Whether `b` is on the host or on its way there for good (an early
+  // page-out, which its next pin cancels, is not).
+  static bool OnHostOrLeaving(const Buffer* b);
+  // Whether no buffer but `except` that the learned order pins from the
+  // cursor up to (not including) position `pos` is on the host or leaving
+  // for it, so that `except`'s copy in, needed at `pos`, enqueued now delays
+  // none needed sooner. Resumes the last scan where its answer still holds
+  // (PrefetchState::host_scan).
+  bool NothingOnHostBeforeLocked(size_t pos, const Buffer* except);
   // `b` stops being a prefetch not yet pinned (pinned, evicted or freed):
   // a look-ahead prefetch's bytes leave the byte budget's count.
   void EndPrefetchLocked(Buffer* b);
@@ -935,6 +951,22 @@ class Engine::Impl {
     };
     std::vector<PlannedIn> planned_ins;
     size_t in_next = 0;  // the first of planned_ins not started yet
+    // Bumped whenever a buffer starts leaving the device for good or has
+    // left it, and whenever the learned order followed changes: either can
+    // put a buffer on the host before a position once scanned clear.
+    uint64_t host_generation = 0;
+    // NothingOnHostBeforeLocked's last scan: the learned positions from
+    // `from` up to `clear_to` held nothing but `except` on the host as of
+    // `host_generation` (`generation`), keys resolved in or out of the
+    // candidate step as `in_candidate` says. `except` is compared, never
+    // dereferenced.
+    struct HostScan {
+      uint64_t generation = ~uint64_t{0};
+      bool in_candidate = false;
+      const Buffer* except = nullptr;
+      size_t from = 0;
+      size_t clear_to = 0;
+    } host_scan;
     uint64_t plan_generation = 0;  // bumped by every PlanStepLocked
     size_t plan_largest = 0;  // the largest buffer of the planned step
     // The planned step's allocations as (pins before it, rounded bytes),

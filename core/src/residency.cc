@@ -273,6 +273,7 @@ Status Engine::Impl::PageOut(std::unique_lock<std::mutex>& lock,
     }
     LruRemove(v);
     v->state = BufferState::kPagingOut;
+    ++prefetch_.host_generation;
     ++transitions_in_flight_;
     if (v->prefetched) {  // a prefetch that came too early
       NotePrefetchWastedLocked(v);
@@ -842,6 +843,7 @@ void Engine::Impl::CompletePageOutLocked(Buffer* v, void* host,
   v->last_use_epoch = 0;
   v->ready.reset();
   v->state = BufferState::kReclaimed;
+  ++prefetch_.host_generation;
   if (copied) counters_.bytes_reclaimed += static_cast<int64_t>(v->size);
   counters_.current_bytes_reclaimed += static_cast<int64_t>(v->size);
   counters_.peak_bytes_reclaimed = std::max(

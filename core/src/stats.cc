@@ -59,6 +59,7 @@ std::vector<std::pair<std::string, int64_t>> EngineStats::Items() const {
       {"prefetch_hits_in_flight", prefetch_hits_in_flight},
       {"bytes_prefetched_in_flight", bytes_prefetched_in_flight},
       {"num_planned_prefetches", num_planned_prefetches},
+      {"num_planned_prefetches_queued", num_planned_prefetches_queued},
       {"num_clean_evictions", num_clean_evictions},
       {"bytes_evicted_clean", bytes_evicted_clean},
       {"bytes_padding_trimmed", bytes_padding_trimmed},

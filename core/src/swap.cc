@@ -99,6 +99,7 @@ Status Engine::Impl::SwapInLocked(std::unique_lock<std::mutex>& lock,
   const EventRef v_ready = v->ready;
   LruRemove(v);
   v->state = BufferState::kPagingOut;
+  ++prefetch_.host_generation;
   if (v->prefetched) {  // a prefetch that came too early
     NotePrefetchWastedLocked(v);
     EndPrefetchLocked(v);

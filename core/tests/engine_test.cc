@@ -1988,6 +1988,83 @@ TEST(PrefetchPlanBringsAnEvictedTensorBackWhereItFits) {
   EXPECT(r.engine->GetStats().host_bytes_in_use == 0);
 }
 
+TEST(PlannedPageInQueuesBehindOnlyCopiesNeededSooner) {
+  // As above with two activations, A and then B, both evicted in the
+  // forward pass; the backward pass reads B and then A. The plan issues B's
+  // copy back once two of the seven tensors are freed and A's one free
+  // later, 10 ms on, while B's 21 ms copy is still landing: more than a
+  // quarter of the prefetch budget in flight. Nothing the step pins before
+  // A is on the host then, so A's copy is enqueued at once behind B's,
+  // and the link runs the two back to back instead of idling until the
+  // first pin after B landed. Both are prefetch hits with their bytes.
+  PlannedStepRun r;
+  const std::string a_bytes = Pattern(kMiB, 21);
+  const std::string b_bytes = Pattern(kMiB, 22);
+  EngineStats before;
+  std::vector<SimCopy> copies;
+  for (int step = 0; step < 6; ++step) {
+    if (step == 3) before = r.engine->GetStats();
+    if (step == 4) r.device->RecordCopies(true);
+    r.engine->StepBegin();
+    r.Op({r.x});
+    Status s;
+    void* p;
+    Buffer* ab[2];
+    for (int k = 0; k < 2; ++k) {
+      ab[k] = r.engine->AllocateBuffer(kMiB, true, &s, &p);
+      EXPECT_OK(s);
+      r.device->Compute(2e-3);
+      r.device->HostAdvance(2e-3);
+      EXPECT_OK(r.engine->Unpin(ab[k]));
+      const std::string& bytes = k == 0 ? a_bytes : b_bytes;
+      EXPECT_OK(r.engine->WriteBuffer(ab[k], 0, bytes.data(), bytes.size()));
+    }
+    std::vector<Buffer*> f;
+    for (int i = 0; i < 7; ++i) {
+      f.push_back(r.engine->AllocateBuffer(kMiB, true, &s, &p));
+      EXPECT_OK(s);
+      r.device->Compute(2e-3);
+      r.device->HostAdvance(2e-3);
+      EXPECT_OK(r.engine->Unpin(f.back()));
+    }
+    for (int i = 6; i >= 0; --i) {
+      r.Op({f[static_cast<size_t>(i)], r.x});
+      EXPECT_OK(r.engine->FreeBuffer(f[static_cast<size_t>(i)]));
+      for (int k = 0; k < 4; ++k) r.Op({r.x});
+    }
+    r.Op({ab[1], r.x});
+    r.Op({ab[0], r.x});
+    EXPECT(Holds(r.engine.get(), ab[0], a_bytes));
+    EXPECT(Holds(r.engine.get(), ab[1], b_bytes));
+    EXPECT_OK(r.engine->FreeBuffer(ab[1]));
+    r.EndStep(ab[0]);
+    if (step == 4) {
+      r.device->SynchronizeAll();
+      copies = r.device->TakeCopies();
+      r.device->RecordCopies(false);
+    }
+  }
+  EngineStats after = r.engine->GetStats();
+  EXPECT(after.num_planned_prefetches_queued -
+             before.num_planned_prefetches_queued >= 3);
+  EXPECT(after.prefetch_hits - before.prefetch_hits >= 6);
+  EXPECT(after.prefetch_misses == before.prefetch_misses);
+  std::vector<SimCopy> in;
+  for (const SimCopy& c : copies) {
+    if (c.stream == StreamKind::kHostToDevice && c.bytes == kMiB) {
+      in.push_back(c);
+    }
+  }
+  EXPECT(in.size() == 2);
+  if (in.size() == 2) {
+    EXPECT(in[1].start - in[0].end < 1e-9);  // back to back
+    EXPECT(in[0].end - in[0].start > 0.02);  // B's copy took its 21 ms
+  }
+  EXPECT_OK(r.engine->FreeBuffer(r.x));
+  EXPECT_OK(r.engine->CheckInvariants());
+  EXPECT(r.engine->GetStats().host_bytes_in_use == 0);
+}
+
 // One step of 32 MiB in one region: x, then A (6 MiB) and B (25 MiB); A is
 // freed and T (4 MiB) takes A's chunk whole, as TensorFlow's split rule has
 // it (the 2 MiB left are less than T), so C (2 MiB) finds no room although

@@ -105,6 +105,10 @@ struct EngineStats {
   // Of num_prefetches, those started where the step's plan found room for
   // the tensor (planned page-ins) rather than within the look-ahead.
   int64_t num_planned_prefetches = 0;
+  // Of num_planned_prefetches, those started with more than a quarter of
+  // the prefetch budget still landing, because nothing the step pins before
+  // the tensor's use was on the host: behind copies needed sooner only.
+  int64_t num_planned_prefetches_queued = 0;
   // Prefetched buffers evicted again before their first pin, and their
   // bytes: their host copy was still valid (kept until that pin), so they
   // left without a copy and without the host waiting.
