@@ -129,27 +129,43 @@ def built_tree(rev: str) -> Path:
 
 
 # Runs inside each side's tree, with only that tree's tflms importable: reads the points
-# as JSON on stdin and prints one JSON line per point as it is replayed.
+# as JSON on stdin and prints one JSON line per point as it is replayed. With "ideal", also
+# the Ideal schedule's step and the Ideal's with copies in issue order (the yardsticks of
+# docs/results.md, same steps).
 WORKER = """
 import json, sys
 from tflms.planner import machines, replay, study
-from tflms.planner.simulate import Machine
+from tflms.planner.simulate import Machine, machine_yardsticks
 job = json.load(sys.stdin)
 for i, (model, machine, batch, size) in enumerate(job["points"]):
     trace = study.get_trace(model, batch if size is None else 1, size)
     m = Machine.from_pairing(machines.get_pairing(machine))
     plan = replay.build_plan(trace, m.gpu)
     r = replay.replay(plan, m.gpu, m.config(prefetch=True), steps=job["steps"], timed=True)
-    print(json.dumps({"i": i, "step_s": r.step_time_s if r.fits else None}), flush=True)
+    row = {"i": i, "step_s": r.step_time_s if r.fits else None}
+    if job["ideal"]:
+        ys = machine_yardsticks(plan, m, job["steps"])
+        for key, res in (("ideal_s", ys.ideal), ("ideal_in_order_s", ys.ideal_in_order)):
+            row[key] = res.step_time_s if res.fits else None
+    print(json.dumps(row), flush=True)
 """
 
+Row = dict[str, Any]  # one point's figures from a side: step_s, and the Ideal's if asked
 
-def replay_side(tree: Path, points: list[Point], steps: int, on_point: Any) -> list[float | None]:
-    """Each point's mean step time with prefetch (None: out of memory), replayed by
-    `tree`'s own engine and planner in a process of its own."""
+
+def replay_side(
+    tree: Path, points: list[Point], steps: int, on_point: Any, ideal: bool = False
+) -> list[Row]:
+    """Each point's mean step time with prefetch (step_s; None: out of memory), replayed
+    by `tree`'s own engine and planner in a process of its own; with `ideal`, also
+    ideal_s and ideal_in_order_s."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     job = json.dumps(
-        {"steps": steps, "points": [[p.model, p.machine, p.batch, p.input_size] for p in points]}
+        {
+            "steps": steps,
+            "ideal": ideal,
+            "points": [[p.model, p.machine, p.batch, p.input_size] for p in points],
+        }
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", WORKER],
@@ -162,16 +178,16 @@ def replay_side(tree: Path, points: list[Point], steps: int, on_point: Any) -> l
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(job)
     proc.stdin.close()
-    times: list[float | None] = [None] * len(points)
+    rows: list[Row] = [{"step_s": None} for _ in points]
     seen = 0
     for line in proc.stdout:
         row = json.loads(line)
-        times[row["i"]] = row["step_s"]
+        rows[row.pop("i")] = row
         seen += 1
         on_point()
     if proc.wait() != 0 or seen != len(points):
         raise SystemExit(f"the replay in {tree} failed after {seen} of {len(points)} points")
-    return times
+    return rows
 
 
 @dataclass(frozen=True)
@@ -225,6 +241,36 @@ def report(c: Comparison, base_name: str, head_name: str) -> str:
     return "\n".join(lines)
 
 
+def ideal_report(points: list[Point], head: list[Row], head_name: str) -> str:
+    """Each point's head step against the Ideal and the Ideal in issue order."""
+    lines = [
+        f"# {head_name} against the Ideal schedule",
+        "",
+        "| point | head | Ideal | / Ideal | Ideal in issue order | / in order |",
+        "|---|---|---|---|---|---|",
+    ]
+    ratios: list[float] = []
+    for p, row in zip(points, head, strict=True):
+        step, ideal, in_order = row["step_s"], row.get("ideal_s"), row.get("ideal_in_order_s")
+        if step is None or ideal is None or in_order is None:
+            lines.append(f"| {p.label()} | {step} | {ideal} | - | {in_order} | - |")
+            continue
+        ratios.append(step / ideal)
+        lines.append(
+            f"| {p.label()} | {step:.3f} s | {ideal:.3f} s | {step / ideal:.3f}x "
+            f"| {in_order:.3f} s | {step / in_order:.3f}x |"
+        )
+    if ratios:
+        geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        within = sum(r <= 1.05 for r in ratios)
+        lines += [
+            "",
+            f"{len(ratios)} points: {geomean:.3f}x the Ideal by geometric mean, "
+            f"{within} within 1.05x, worst {max(ratios):.3f}x",
+        ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="HEAD", help="revision to compare against (default HEAD)")
@@ -239,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--only", help="only points whose label contains this text")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per replay (as results)")
+    ap.add_argument(
+        "--ideal",
+        action="store_true",
+        help="also the head's step against the Ideal schedule at every point",
+    )
     ap.add_argument("--json", dest="json_out", help="also write every point's times here")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -266,12 +317,13 @@ def main(argv: list[str] | None = None) -> int:
         with lock:
             bar.update(1)
 
-    results: list[list[float | None]] = [[], []]
+    results: list[list[Row]] = [[], []]
     errors: list[BaseException] = []
 
     def run(side: int) -> None:
         try:
-            results[side] = replay_side(trees[side], points, args.steps, tick)
+            want_ideal = args.ideal and side == 1
+            results[side] = replay_side(trees[side], points, args.steps, tick, want_ideal)
         except BaseException as exc:  # SystemExit too: a thread would swallow it
             errors.append(exc)
 
@@ -283,8 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     if errors:
         raise errors[0]
-    c = compare(points, results[0], results[1])
+    base = [row["step_s"] for row in results[0]]
+    head = [row["step_s"] for row in results[1]]
+    c = compare(points, base, head)
     print(report(c, args.base, args.head))
+    if args.ideal:
+        print()
+        print(ideal_report(points, results[1], args.head))
     if args.json_out:
         Path(args.json_out).write_text(
             json.dumps(
@@ -293,7 +350,12 @@ def main(argv: list[str] | None = None) -> int:
                     "head": args.head,
                     "steps": args.steps,
                     "points": [
-                        {"label": p.label(), "base_s": b, "head_s": h}
+                        {
+                            "label": p.label(),
+                            "base_s": b["step_s"],
+                            "head_s": h["step_s"],
+                            **{k: v for k, v in h.items() if k != "step_s"},
+                        }
                         for p, b, h in zip(points, results[0], results[1], strict=True)
                     ],
                 },
