@@ -160,22 +160,6 @@ bool Engine::Impl::DueGroupFitsLocked(
   return true;
 }
 
-std::pair<const char*, const char*> Engine::Impl::PageInLandingLocked(
-    const Buffer* m) {
-  // Mirrors AllocateChunk's first branch for a page-in at a pin.
-  const size_t rounded = BfcArena::RoundedBytes(m->size);
-  if (!UnderPlacementPressure(rounded) ||
-      arena_->bytes_in_use() + rounded > lms_limit_) {
-    return {nullptr, nullptr};
-  }
-  ClusterPlan plan = PlanClusterPlacement(rounded);
-  if (plan.lo == nullptr ||
-      (!plan.victims.empty() && !WorthPagingOutToPlace(rounded))) {
-    return {nullptr, nullptr};
-  }
-  return {plan.lo, plan.lo + rounded};
-}
-
 bool Engine::Impl::PlaceDueGroupLocked(std::unique_lock<std::mutex>& lock,
                                        Buffer* b) {
   if (fixed_ || !FollowingPlan()) return false;
@@ -256,10 +240,13 @@ bool Engine::Impl::PlaceDueGroupLocked(std::unique_lock<std::mutex>& lock,
     // docs/results.md 0.95% slower (the 3D U-Net's 2-11%).
     if (on_host.empty()) return false;
     if (on_host.size() == 1) {
-      const auto landing = PageInLandingLocked(on_host[0]);
+      // Where its pin's page-in would land (AllocateChunk's first choice).
+      const size_t rounded = BfcArena::RoundedBytes(on_host[0]->size);
+      const ClusterPlan landing = AllocationClusterPlan(rounded);
       std::vector<std::pair<Buffer*, const char*>> unused;
-      if (landing.first == nullptr ||
-          DueGroupFitsLocked(in_group, {}, output, &unused, landing)) {
+      if (landing.lo == nullptr ||
+          DueGroupFitsLocked(in_group, {}, output, &unused,
+                             {landing.lo, landing.lo + rounded})) {
         return false;
       }
     }

@@ -190,18 +190,9 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
 
   // Under pressure a large request is placed next to what cannot leave
   // (placement.cc) rather than in the tightest free chunk wherever it is.
-  if (UnderPlacementPressure(rounded) &&
-      max_source >= AllocSource::kSingleReclaim &&
-      arena_->bytes_in_use() + rounded <= lms_limit_) {
-    ClusterPlan plan = PlanClusterPlacement(rounded);
+  if (max_source >= AllocSource::kSingleReclaim) {
+    ClusterPlan plan = AllocationClusterPlan(rounded);
     bool ok = plan.lo != nullptr;
-    // Paging out for placement alone, while a free chunk may fit, costs
-    // swap (ResNet50 at batch 796: step 3.3 s -> 11.4 s when done for every
-    // large request): only for requests of a quarter of the device or more,
-    // which a misplaced neighbour can leave with no room at all.
-    if (ok && !plan.victims.empty() && !WorthPagingOutToPlace(rounded)) {
-      ok = false;
-    }
     if (ok && !plan.victims.empty()) {
       size_t reclaimed = 0;
       Status s = PageOut(lock, plan.victims, &reclaimed);

@@ -337,6 +337,11 @@ class Engine::Impl {
   bool WorthPagingOutToPlace(size_t rounded) const {
     return rounded >= options_.memory_limit / 4;
   }
+  // The cluster plan an allocation of `rounded` bytes takes first
+  // (AllocateChunk), or none (lo null) where it would not use one: no
+  // pressure, over the LMS limit, or victims to page out for a request
+  // under a quarter of the device. Decides only; pages nothing out.
+  ClusterPlan AllocationClusterPlan(size_t rounded);
   // Takes the planned range once it is free; kInvalidChunk if it is not.
   BfcArena::ChunkHandle TakeClusterRange(const ClusterPlan& plan,
                                          size_t rounded, size_t bytes,
@@ -372,10 +377,6 @@ class Engine::Impl {
       const std::vector<Buffer*>& on_host, size_t output,
       std::vector<std::pair<Buffer*, const char*>>* places,
       std::pair<const char*, const char*> wall = {nullptr, nullptr}) const;
-  // Where the pin of `m`, on the host, would page it in: the range
-  // AllocateChunk's cluster placement would take, or {nullptr, nullptr}
-  // where it would not decide (best fit then).
-  std::pair<const char*, const char*> PageInLandingLocked(const Buffer* m);
   // Puts each member at its destination: resident ones move (device to
   // device, else through the host), those on the host are paged in there;
   // whatever inactive buffers lie in a destination are paged out first and
