@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,7 @@ Row = dict[str, Any]  # one point's figures from a side: step_s, and the Ideal's
 
 
 def replay_side(
-    tree: Path, points: list[Point], steps: int, on_point: Any, ideal: bool = False
+    tree: Path, points: list[Point], steps: int, on_point: Callable[[], None], ideal: bool = False
 ) -> list[Row]:
     """Each point's mean step time with prefetch (step_s; None: out of memory), replayed
     by `tree`'s own engine and planner in a process of its own; with `ideal`, also
