@@ -440,8 +440,12 @@ def prefetch_yardstick_summary(studies: Sequence[dict[str, Any]]) -> list[str]:
         "cannot overtake one already enqueued: that part of the gap is the stream "
         "discipline's. A second stream does not help (copies of one direction run in the "
         "order they reach the GPU, whatever their stream: docs/how-it-works.md, Streams); "
-        "closing it takes copies held back on the host and enqueued by deadline as the "
-        "stream drains, which the engine does not do yet." + over_txt
+        "where it was measured (three points on the DGX-1), the ideal loses that time on the "
+        "device-to-host link. Closing it would take copies out held back on the host and "
+        "enqueued by deadline as the stream drains; a prototype that did so was slower, the "
+        "host waiting longer to settle the copy whose room it needed (docs/how-it-works.md). "
+        "Copies in that the plan starts are enqueued at once where every copy they queue "
+        "behind is needed sooner." + over_txt
     )
     return [textwrap.fill(text, 100), ""]
 
