@@ -10,6 +10,11 @@ grew over it and how much of that the engine's compute stream spent waiting for 
 the rest is ops starting late for another reason (the host had not launched them yet,
 blocked on a copy out, a settle or the run-ahead throttle), less what the Ideal waited
 there itself. The stretches' changes add up to the lag at the last op.
+
+Where both sides say how busy each host link was up to each op's end (the replay's samples,
+the Ideal's busy_to_op arrays, both on the GPU's clock), each stretch also says what share of
+its own time each link was busy on either side: a stretch where the engine falls behind with
+its host-to-device link idle while the Ideal's is busy is one where copies in started late.
 """
 
 from __future__ import annotations
@@ -36,6 +41,12 @@ class Stretch:
     engine_end_s: float
     lag_change_s: float  # how much the engine's lag behind the Ideal grew over it
     stall_s: float  # the engine's compute stream waiting for page-ins in it
+    # Seconds each link was busy during the stretch, on each side's own clock (0 where the
+    # busy times were not given).
+    d2h_busy_s: float = 0.0
+    h2d_busy_s: float = 0.0
+    ideal_d2h_busy_s: float = 0.0
+    ideal_h2d_busy_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -47,12 +58,16 @@ def behind_ideal(
     ideal_end_s: Sequence[float],
     names: Sequence[str],
     stretches: int = DEFAULT_STRETCHES,
+    engine_links: tuple[Sequence[float], Sequence[float]] | None = None,
+    ideal_links: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> list[Stretch]:
     """The engine's lag behind the Ideal, stretch by stretch of the Ideal's step.
 
     `engine_end_s` and `engine_stall_s` are per op of the measured step (the replay's
     samples: op end and the compute stream's cumulative wait for page-ins), `ideal_end_s`
-    the Ideal's op ends, all from the step's start. Stretches holding no op are left out.
+    the Ideal's op ends, all from the step's start. `engine_links` and `ideal_links`, where
+    given, are (device-to-host, host-to-device) seconds busy from the step's start to each
+    op's end. Stretches holding no op are left out.
     """
     n = len(names)
     if not (len(engine_end_s) == len(engine_stall_s) == len(ideal_end_s) == n):
@@ -60,6 +75,17 @@ def behind_ideal(
             f"one value per op is needed: {n} ops, {len(engine_end_s)} engine ends, "
             f"{len(engine_stall_s)} stalls, {len(ideal_end_s)} Ideal ends"
         )
+    zeros = [0.0] * n
+    links = []
+    for side, given in (("engine", engine_links), ("Ideal", ideal_links)):
+        d2h, h2d = given if given is not None else (zeros, zeros)
+        if len(d2h) != n or len(h2d) != n:
+            raise ValueError(
+                f"one value per op is needed: {n} ops, {len(d2h)} and {len(h2d)} {side} "
+                "link busy times"
+            )
+        links.append((d2h, h2d))
+    (e_out, e_in), (i_out, i_in) = links
     if stretches < 1:
         raise ValueError("stretches must be at least 1")
     if n == 0:
@@ -67,6 +93,7 @@ def behind_ideal(
     step = ideal_end_s[-1]
     out: list[Stretch] = []
     lag = stall = 0.0
+    before = (0.0, 0.0, 0.0, 0.0)  # links busy up to the stretch: engine out, in; Ideal's
     first = 0
     which = [_stretch_of(t, step, stretches) for t in ideal_end_s]
     for i in range(n):
@@ -74,6 +101,7 @@ def behind_ideal(
         if i + 1 < n and which[i + 1] == which[i]:
             continue
         now = engine_end_s[i] - ideal_end_s[i]
+        busy = (e_out[i], e_in[i], i_out[i], i_in[i])
         out.append(
             Stretch(
                 first_op=first,
@@ -83,9 +111,13 @@ def behind_ideal(
                 engine_end_s=engine_end_s[i],
                 lag_change_s=now - lag,
                 stall_s=engine_stall_s[i] - stall,
+                d2h_busy_s=busy[0] - before[0],
+                h2d_busy_s=busy[1] - before[1],
+                ideal_d2h_busy_s=busy[2] - before[2],
+                ideal_h2d_busy_s=busy[3] - before[3],
             )
         )
-        lag, stall, first = now, engine_stall_s[i], i + 1
+        lag, stall, first, before = now, engine_stall_s[i], i + 1, busy
     return out
 
 
@@ -109,8 +141,14 @@ def format_behind(behind: dict[str, Any]) -> str:
         f"Where {behind['label']} falls behind the ideal schedule (the step in stretches of "
         f"equal ideal time; its lag at the last op {behind['lag_s'] * 1e3:+.1f} ms):"
     )
-    rows = [
-        [
+    parts = behind["stretches"]
+    with_links = any(
+        p.get(k) for p in parts for k in ("d2h_busy_s", "h2d_busy_s", "ideal_d2h_busy_s")
+    )
+    rows = []
+    engine_from = ideal_from = 0.0
+    for p in parts:
+        row = [
             f"{p['first_op']}-{p['last_op']}",
             p["last_name"][:56],
             f"{p['ideal_end_s']:.3f} s",
@@ -118,15 +156,31 @@ def format_behind(behind: dict[str, Any]) -> str:
             f"{p['lag_change_s'] * 1e3:+.1f} ms",
             f"{p['stall_s'] * 1e3:.1f} ms",
         ]
-        for p in behind["stretches"]
-    ]
+        if with_links:
+            engine_span = p["engine_end_s"] - engine_from
+            ideal_span = p["ideal_end_s"] - ideal_from
+            for key in ("h2d_busy_s", "d2h_busy_s"):
+                row.append(
+                    f"{_share(p[key], engine_span)} / {_share(p['ideal_' + key], ideal_span)}"
+                )
+        engine_from, ideal_from = p["engine_end_s"], p["ideal_end_s"]
+        rows.append(row)
     header = ["ops", "last op", "ideal ends", "engine ends", "lag change", "page-in wait"]
-    return "\n".join(
-        [
-            head,
-            textwrap.indent(table(header, rows), "  "),
-            "  page-in wait: the engine's compute stream waiting for copies in; the rest of the",
-            "  change is ops starting late for another reason (the host had not launched them",
-            "  yet), less what the ideal schedule waited there itself.",
+    notes = [
+        "  page-in wait: the engine's compute stream waiting for copies in; the rest of the",
+        "  change is ops starting late for another reason (the host had not launched them",
+        "  yet), less what the ideal schedule waited there itself.",
+    ]
+    if with_links:
+        header += ["in busy", "out busy"]
+        notes += [
+            "  in busy, out busy: the share of the stretch's time the host-to-device and the",
+            "  device-to-host link were busy, engine / ideal schedule, each on its own clock.",
         ]
-    )
+    return "\n".join([head, textwrap.indent(table(header, rows), "  "), *notes])
+
+
+def _share(busy: float, span: float) -> str:
+    if span <= 0:
+        return "-"
+    return f"{min(1.0, max(0.0, busy / span)):.0%}"

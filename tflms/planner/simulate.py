@@ -323,11 +323,14 @@ def simulate_step(
         "lms": [lms_json(r, unlimited_s, plan, ys) for r in runs],
     }
     if behind and recorded is not None and recorded.fits and ys.ideal.fits:
+        samples = recorded.samples
         parts = behind_ideal(
-            [s.t for s in recorded.samples],
-            [s.stall for s in recorded.samples],
+            [s.t for s in samples],
+            [s.stall for s in samples],
             ys.ideal.op_end_s,
             plan.names,
+            engine_links=([s.d2h_busy for s in samples], [s.h2d_busy for s in samples]),
+            ideal_links=(ys.ideal.d2h_busy_to_op_s, ys.ideal.h2d_busy_to_op_s),
         )
         report["behind_ideal"] = behind_json(parts, recorded.config.label())
     return report, recorded

@@ -252,10 +252,15 @@ class IdealResult:
     # When each op of the measured step ends, from the step's start (behind.py compares the
     # engine's replay with it op by op); not in the JSON.
     op_end_s: tuple[float, ...] = dataclasses.field(default=(), repr=False)
+    # Seconds each link has been busy from the step's start to each op's end (behind.py
+    # sets them beside the replay's); not in the JSON.
+    d2h_busy_to_op_s: tuple[float, ...] = dataclasses.field(default=(), repr=False)
+    h2d_busy_to_op_s: tuple[float, ...] = dataclasses.field(default=(), repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        del out["op_end_s"]
+        for key in ("op_end_s", "d2h_busy_to_op_s", "h2d_busy_to_op_s"):
+            del out[key]
         return out
 
 
@@ -415,6 +420,7 @@ class _Link:
         self.queue: collections.deque[tuple[float, int, int]] = collections.deque()
         self.done: dict[int, float] = {}
         self.busy_bytes = 0
+        self.spans: list[tuple[float, float]] = []  # (start, end) of each copy, in order
         # A copy may not start before before_copy(task, t) (host room); after_copy(task, t)
         # hears when one ended.
         self.before_copy: Callable[[int, float], float] | None = None
@@ -463,7 +469,9 @@ class _Link:
         """Runs one copy from `free` on."""
         if self.before_copy is not None:
             self.free = self.before_copy(task, self.free)
+        start = self.free
         self.free += self.latency + nbytes / self.rate
+        self.spans.append((start, self.free))
         self.done[task] = self.free
         self.busy_bytes += nbytes
         if self.after_copy is not None:
@@ -642,7 +650,27 @@ def _timeline(
         evictions=sum(1 for ev in mp.evictions if ev.at >= (steps - 1) * n),
         host_peak_bytes=_host_peak(mp, d2h, h2d, op_end, t0, latency_s, bytes_per_s),
         op_end_s=tuple(float(t) - t0 for t in op_end[total - n :]),
+        d2h_busy_to_op_s=_busy_until(d2h.spans, t0, op_end[total - n :]),
+        h2d_busy_to_op_s=_busy_until(h2d.spans, t0, op_end[total - n :]),
     )
+
+
+def _busy_until(
+    spans: Sequence[tuple[float, float]], t0: float, times: Iterable[float]
+) -> tuple[float, ...]:
+    """Seconds a link's copies (`spans`, one after another) ran from t0 to each of `times`
+    (non-decreasing)."""
+    runs = [(max(start, t0), end) for start, end in spans if end > t0]
+    out: list[float] = []
+    k = 0
+    done = 0.0
+    for t in times:
+        while k < len(runs) and runs[k][1] <= t:
+            done += runs[k][1] - runs[k][0]
+            k += 1
+        partial = t - runs[k][0] if k < len(runs) and runs[k][0] < t else 0.0
+        out.append(done + partial)
+    return tuple(out)
 
 
 def _host_peak(
