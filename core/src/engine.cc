@@ -259,6 +259,12 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
       return true;
     };
 
+    if (round == 0 && options_.lms_enabled &&
+        max_source >= AllocSource::kSingleReclaim &&
+        SlideRatherThanReclaimLocked(lock, rounded, protect_until)) {
+      h = find(true);
+      if (h != BfcArena::kInvalidChunk) return done(h, AllocSource::kDefrag);
+    }
     if (options_.lms_enabled && max_source >= AllocSource::kSingleReclaim &&
         reclaim(ChooseSingleVictim(rounded, protect_until),
                 &counters_.num_single_reclaims)) {

@@ -2138,6 +2138,84 @@ TEST(PaddingMakesRoomBeforeAnyPageOutWhileAPlanIsFollowed) {
   }
 }
 
+// One step in a 16 MiB region: x, A (4 MiB), H1 (2), B (4), H2 (2) and C (the
+// rest) are made, H1 and H2 freed, and D (4 MiB less x) finds its bytes free
+// in two 2 MiB holes with no hole of its size. Then A, B and C are pinned
+// again, at once (`soon`) or after 20 other pins. Returns the bytes paged
+// out in the step.
+int64_t SplitHolesStep(Fixture& f, Buffer* x, bool soon, int seed) {
+  Engine* e = f.engine_.get();
+  e->StepBegin();
+  void* p;
+  auto op = [&](Buffer* b) {
+    EXPECT_OK(e->Pin(b, &p));
+    f.device_->Compute(1e-3);
+    EXPECT_OK(e->Unpin(b));
+  };
+  for (int i = 0; i < 20; ++i) op(x);  // enough pins to trust the order
+  const int64_t out_before = e->GetStats().bytes_reclaimed;
+  const size_t rest = 16 * kMiB - 16 * kMiB / 64 - 12 * kMiB;
+  std::vector<Buffer*> made;
+  for (size_t size : {4 * kMiB, 2 * kMiB, 4 * kMiB, 2 * kMiB, rest}) {
+    Status s;
+    made.push_back(e->AllocateBuffer(size, true, &s, &p));
+    EXPECT_OK(s);
+    EXPECT_OK(e->Unpin(made.back()));
+  }
+  Buffer* a = made[0];
+  Buffer* b = made[2];
+  Buffer* c = made[4];
+  const std::string a_bytes = Pattern(4 * kMiB, 50 + seed);
+  const std::string b_bytes = Pattern(4 * kMiB, 51 + seed);
+  EXPECT_OK(e->WriteBuffer(a, 0, a_bytes.data(), a_bytes.size()));
+  EXPECT_OK(e->WriteBuffer(b, 0, b_bytes.data(), b_bytes.size()));
+  EXPECT_OK(e->FreeBuffer(made[1]));
+  EXPECT_OK(e->FreeBuffer(made[3]));
+  Status s;
+  Buffer* d = e->AllocateBuffer(4 * kMiB - 16 * kMiB / 64, true, &s, &p);
+  EXPECT_OK(s);
+  f.device_->Compute(1e-3);
+  EXPECT_OK(e->Unpin(d));
+  const int64_t out = e->GetStats().bytes_reclaimed - out_before;
+  if (!soon) {
+    for (int i = 0; i < 20; ++i) op(x);
+  }
+  for (Buffer* m : {a, b, c}) op(m);
+  EXPECT(Holds(e, a, a_bytes));
+  EXPECT(Holds(e, b, b_bytes));
+  for (Buffer* m : {a, b, c, d}) EXPECT_OK(e->FreeBuffer(m));
+  return out;
+}
+
+TEST(ASlideKeepsAReclaimVictimThatIsPinnedAgainSoon) {
+  // Once the step is learned, D's room comes from sliding B down into H1
+  // where the single reclaim's victim is pinned again within 16 pins: no
+  // page-out, a slide, both paid back at once otherwise. Where the victims
+  // come back 20 pins later, the reclaim pages one out, as before.
+  for (bool soon : {true, false}) {
+    Fixture f(16 * kMiB, 64 * kMiB, true, false, /*prefetch=*/true, 0,
+              /*allow_growth=*/false);
+    Status s;
+    Buffer* x = f.engine_->AllocateBuffer(16 * kMiB / 64, false, &s);
+    EXPECT_OK(s);
+    for (int step = 0; step < 6; ++step) {
+      const int64_t slides = f.engine_->GetStats().num_defragmentations;
+      const int64_t out = SplitHolesStep(f, x, soon, step);
+      const int64_t slid = f.engine_->GetStats().num_defragmentations - slides;
+      if (step < 3) continue;  // learning the step
+      if (soon) {
+        EXPECT(out == 0);
+        EXPECT(slid == 1);
+      } else {
+        EXPECT(out > 0);
+        EXPECT(slid == 0);
+      }
+    }
+    EXPECT_OK(f.engine_->FreeBuffer(x));
+    EXPECT_OK(f.engine_->CheckInvariants());
+  }
+}
+
 TEST(PrefetchedTensorEvictedBeforeItsPinLeavesWithoutACopy) {
   // A prefetched buffer keeps the host copy it came from until its first
   // pin: evicted before that pin it needs no copy out. Once pinned (a
