@@ -260,7 +260,8 @@ Status Engine::Impl::SlideFor(std::unique_lock<std::mutex>& lock,
 }
 
 bool Engine::Impl::SlideRatherThanReclaimLocked(
-    std::unique_lock<std::mutex>& lock, size_t rounded, size_t protect_until) {
+    std::unique_lock<std::mutex>& lock, size_t rounded,
+    const std::vector<Buffer*>& victim) {
   // The bytes are free but in holes too small, and the single reclaim would
   // page out a buffer the step pins again within a few pins: a round trip
   // over the host link for nothing but the layout. The 3D U-Net at 304^3 on
@@ -273,19 +274,15 @@ bool Engine::Impl::SlideRatherThanReclaimLocked(
   // a fifth of the device or more: from a sixth, InceptionV3 at its largest
   // batch on a V100 (673) ran out of memory in its 6th step, its
   // MaxPoolGrad's inputs left apart by earlier slides.
-  if (arena_->bytes_in_use() + rounded > lms_limit_ ||
+  if (victim.empty() || arena_->bytes_in_use() + rounded > lms_limit_ ||
       !FollowingLearnedOrder()) {
     return false;
   }
-  const std::vector<Buffer*> victim =
-      ChooseSingleVictim(rounded, protect_until);
-  if (victim.empty()) return false;
   const size_t victim_bytes = arena_->chunk(victim[0]->chunk)->size;
   if (victim_bytes < rounded ||
       victim_bytes < options_.memory_limit / kSlideRatherThanReclaimDivisor) {
     return false;
   }
-
   const size_t next = NextUse(victim[0]);
   if (next == SIZE_MAX ||
       next > LearnedCursor() + kSlideRatherThanReclaimPins) {

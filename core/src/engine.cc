@@ -259,15 +259,18 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
       return true;
     };
 
-    if (round == 0 && options_.lms_enabled &&
-        max_source >= AllocSource::kSingleReclaim &&
-        SlideRatherThanReclaimLocked(lock, rounded, protect_until)) {
+    const bool single = options_.lms_enabled &&
+                        max_source >= AllocSource::kSingleReclaim;
+    std::vector<Buffer*> victim;
+    if (single) victim = ChooseSingleVictim(rounded, protect_until);
+    if (single && round == 0 &&
+        SlideRatherThanReclaimLocked(lock, rounded, victim)) {
       h = find(true);
       if (h != BfcArena::kInvalidChunk) return done(h, AllocSource::kDefrag);
+      // mu_ was released while the slide ran: the victim is chosen again.
+      victim = ChooseSingleVictim(rounded, protect_until);
     }
-    if (options_.lms_enabled && max_source >= AllocSource::kSingleReclaim &&
-        reclaim(ChooseSingleVictim(rounded, protect_until),
-                &counters_.num_single_reclaims)) {
+    if (single && reclaim(std::move(victim), &counters_.num_single_reclaims)) {
       h = find(true);
       if (h != BfcArena::kInvalidChunk) {
         return done(h, AllocSource::kSingleReclaim);

@@ -443,13 +443,14 @@ class Engine::Impl {
   // is full. Never in fixed-address mode (AllocateChunkFixed).
   Status SlideFor(std::unique_lock<std::mutex>& lock, size_t rounded,
                   size_t* moved);
-  // Before a single reclaim whose victim, as large as the request, the
-  // learned step pins again within kSlideRatherThanReclaimPins pins:
-  // slides (SlideFor) if that makes room, so the victim stays. True when a
-  // free chunk of `rounded` bytes may now exist. Only while the learned
-  // order is followed.
+  // Before a single reclaim whose victim (`victim`, ChooseSingleVictim's
+  // choice), as large as the request, the learned step pins again within
+  // kSlideRatherThanReclaimPins pins: slides (SlideFor) if that makes room,
+  // so the victim stays. True when it slid (mu_ was released: the victim
+  // must be chosen again). Only while the learned order is followed.
   bool SlideRatherThanReclaimLocked(std::unique_lock<std::mutex>& lock,
-                                    size_t rounded, size_t protect_until);
+                                    size_t rounded,
+                                    const std::vector<Buffer*>& victim);
   static constexpr size_t kSlideRatherThanReclaimPins = 16;
   // ... and whose victim holds memory_limit / this or more.
   static constexpr size_t kSlideRatherThanReclaimDivisor = 5;

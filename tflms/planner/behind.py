@@ -143,7 +143,9 @@ def format_behind(behind: dict[str, Any]) -> str:
     )
     parts = behind["stretches"]
     with_links = any(
-        p.get(k) for p in parts for k in ("d2h_busy_s", "h2d_busy_s", "ideal_d2h_busy_s")
+        p.get(k)
+        for p in parts
+        for k in ("d2h_busy_s", "h2d_busy_s", "ideal_d2h_busy_s", "ideal_h2d_busy_s")
     )
     rows = []
     engine_from = ideal_from = 0.0
