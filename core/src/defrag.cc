@@ -34,7 +34,9 @@
 //   Defragment  explicit compaction: moves buffers from high addresses to the
 //               lowest free chunk below them.
 // SlideFor also runs before a single reclaim whose victim the learned step
-// pins again within a few pins (SlideRatherThanReclaimLocked).
+// pins again within a few pins (SlideRatherThanReclaimLocked), after paging
+// out smaller buffers due later where a slide alone cannot make the room
+// (TopUpAndSlideLocked; the choice is reclaim.cc's ChooseTopUpVictims).
 // A slide's source and destination overlap, so it copies in pieces no
 // longer than the distance moved, in order on one stream: each piece's
 // destination was the source of the piece before, already copied. The free
@@ -259,37 +261,73 @@ Status Engine::Impl::SlideFor(std::unique_lock<std::mutex>& lock,
   return Status::Ok();
 }
 
-bool Engine::Impl::SlideRatherThanReclaimLocked(
-    std::unique_lock<std::mutex>& lock, size_t rounded,
-    const std::vector<Buffer*>& victim) {
-  // The bytes are free but in holes too small, and the single reclaim would
-  // page out a buffer the step pins again within a few pins: a round trip
-  // over the host link for nothing but the layout. The 3D U-Net at 304^3 on
-  // a V100 paged out four 3.6-7.2 GB tensors a step that way, each needed
-  // again 0 to 9 pins later, two of them with 4.5 GB free in holes of 1.8
-  // and 3.2 GB; sliding the run between them down moves bytes at device
-  // speed instead. Where the victim comes back later the page-out is worth
-  // its copy (the plan would evict it anyway): sliding for any victim made
-  // ResNet50 at 1880 on a 40 GB A100 7.4% slower. And only for a victim of
-  // a fifth of the device or more: from a sixth, InceptionV3 at its largest
-  // batch on a V100 (673) ran out of memory in its 6th step, its
-  // MaxPoolGrad's inputs left apart by earlier slides.
-  if (victim.empty() || arena_->bytes_in_use() + rounded > lms_limit_ ||
-      !FollowingLearnedOrder()) {
-    return false;
-  }
+bool Engine::Impl::ReclaimVictimDueSoon(const std::vector<Buffer*>& victim,
+                                        size_t rounded,
+                                        size_t* next_use) const {
+  // The single reclaim would page out a buffer the step pins again within a
+  // few pins: a round trip over the host link for nothing but the layout.
+  // The 3D U-Net at 304^3 on a V100 paged out four 3.6-7.2 GB tensors a
+  // step that way, each needed again 0 to 9 pins later. Where the victim
+  // comes back later the page-out is worth its copy (the plan would evict
+  // it anyway): sliding for any victim made ResNet50 at 1880 on a 40 GB
+  // A100 7.4% slower. And only for a victim of a fifth of the device or
+  // more: from a sixth, InceptionV3 at its largest batch on a V100 (673)
+  // ran out of memory in its 6th step, its MaxPoolGrad's inputs left apart
+  // by earlier slides.
+  if (victim.empty() || !FollowingLearnedOrder()) return false;
   const size_t victim_bytes = arena_->chunk(victim[0]->chunk)->size;
   if (victim_bytes < rounded ||
       victim_bytes < options_.memory_limit / kSlideRatherThanReclaimDivisor) {
     return false;
   }
-  const size_t next = NextUse(victim[0]);
-  if (next == SIZE_MAX ||
-      next > LearnedCursor() + kSlideRatherThanReclaimPins) {
+  *next_use = NextUse(victim[0]);
+  return *next_use != SIZE_MAX &&
+         *next_use <= LearnedCursor() + kSlideRatherThanReclaimPins;
+}
+
+bool Engine::Impl::SlideRatherThanReclaimLocked(
+    std::unique_lock<std::mutex>& lock, size_t rounded,
+    const std::vector<Buffer*>& victim) {
+  // The bytes are free but in holes too small (two of the U-Net's victims
+  // above with 4.5 GB free in holes of 1.8 and 3.2 GB): sliding the run
+  // between them down moves bytes at device speed instead.
+  size_t next = 0;
+  if (arena_->bytes_in_use() + rounded > lms_limit_ ||
+      !ReclaimVictimDueSoon(victim, rounded, &next)) {
     return false;
   }
   size_t moved = 0;
-  return SlideFor(lock, rounded, &moved).ok() && moved > 0;
+  (void)SlideFor(lock, rounded, &moved);  // "no run": the ladder goes on
+  return true;
+}
+
+bool Engine::Impl::TopUpAndSlideLocked(std::unique_lock<std::mutex>& lock,
+                                       size_t rounded,
+                                       const std::vector<Buffer*>& victim) {
+  // Where a slide alone cannot make the room (too few bytes free, or the
+  // run broken by a buffer that cannot move yet), paging out something
+  // smaller that the step needs later than the victim, and sliding, often
+  // can: the U-Net at 304^3 on a V100 paged out a 3.6 GB tensor needed by
+  // the very next kernel with 2.8 GB free, where two 0.9 GB ones needed 13
+  // and 61 pins later (prefetched, still landing, so splitting the run)
+  // and a 3.6 GB slide made the room.
+  size_t next = 0;
+  if (!ReclaimVictimDueSoon(victim, rounded, &next)) return false;
+  const size_t victim_bytes = arena_->chunk(victim[0]->chunk)->size;
+  // Movable() counts only last uses the host has seen completed. From here
+  // on mu_ may have been released: the victim is not looked at again.
+  if (!SyncLastUses(lock).ok()) return true;
+  size_t cost = 0;
+  std::vector<Buffer*> leaving = ChooseTopUpVictims(rounded, next, &cost);
+  // Only cheaper than the victim: the same bytes due later would be
+  // Belady's choice, but the slide and the layout it leaves are not free.
+  if (leaving.empty() || cost >= victim_bytes) return true;
+  size_t out = 0;
+  if (!PageOut(lock, leaving, &out).ok() || out == 0) return true;
+  ++counters_.num_fragment_reclaims;
+  size_t moved = 0;
+  (void)SlideFor(lock, rounded, &moved);
+  return true;
 }
 
 Status Engine::Impl::SlideDownLocked(std::unique_lock<std::mutex>& lock,

@@ -7,7 +7,9 @@
 //   1. a free chunk (best fit), respecting the LMS limit;
 //   2. a new region from the device;
 //   3. single reclaim: page out the least recently used inactive buffer that,
-//      with its free neighbours, makes room (one copy);
+//      with its free neighbours, makes room (one copy); where the learned
+//      step pins that buffer again within a few pins, first a slide, then
+//      a page-out of fewer bytes due later and a slide (defrag.cc);
 //   4. defragmentation, if enabled: move inactive buffers device-to-device
 //      to open a gap (a device copy is an order of magnitude cheaper than a
 //      host round trip, so it runs before the costly reclaims below);
@@ -263,11 +265,18 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
                         max_source >= AllocSource::kSingleReclaim;
     std::vector<Buffer*> victim;
     if (single) victim = ChooseSingleVictim(rounded, protect_until);
+    // Both release mu_ once they act: the victim is chosen again after.
     if (single && round == 0 &&
         SlideRatherThanReclaimLocked(lock, rounded, victim)) {
       h = find(true);
       if (h != BfcArena::kInvalidChunk) return done(h, AllocSource::kDefrag);
-      // mu_ was released while the slide ran: the victim is chosen again.
+      victim = ChooseSingleVictim(rounded, protect_until);
+    }
+    if (single && round == 0 && TopUpAndSlideLocked(lock, rounded, victim)) {
+      h = find(true);
+      if (h != BfcArena::kInvalidChunk) {
+        return done(h, AllocSource::kFragmentReclaim);
+      }
       victim = ChooseSingleVictim(rounded, protect_until);
     }
     if (single && reclaim(std::move(victim), &counters_.num_single_reclaims)) {

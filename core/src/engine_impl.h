@@ -295,6 +295,13 @@ class Engine::Impl {
   // the same test.
   bool SingleVictimHolds(const Buffer* b, size_t rounded, size_t in_use) const;
   std::vector<Buffer*> ChooseFragmentVictims(size_t rounded);
+  // The fewest bytes to page out, all of buffers the learned step pins
+  // after `after` (a pin position), so that sliding one run of chunks
+  // (defrag.cc, SlideFor) then opens `rounded` bytes within the LMS limit;
+  // *cost is their bytes. Empty where no run can, or a slide alone would.
+  // Reads Movable(), so the caller synchronizes last uses first.
+  std::vector<Buffer*> ChooseTopUpVictims(size_t rounded, size_t after,
+                                          size_t* cost);
   std::vector<Buffer*> ChooseAllInactive();
   bool Reclaimable(const Buffer* b) const;
   Status ReclaimInactive(size_t* bytes);
@@ -443,14 +450,25 @@ class Engine::Impl {
   // is full. Never in fixed-address mode (AllocateChunkFixed).
   Status SlideFor(std::unique_lock<std::mutex>& lock, size_t rounded,
                   size_t* moved);
-  // Before a single reclaim whose victim (`victim`, ChooseSingleVictim's
-  // choice), as large as the request, the learned step pins again within
-  // kSlideRatherThanReclaimPins pins: slides (SlideFor) if that makes room,
-  // so the victim stays. True when it slid (mu_ was released: the victim
-  // must be chosen again). Only while the learned order is followed.
+  // Whether the single reclaim's victim (`victim`, ChooseSingleVictim's
+  // choice) is as large as the request and memory_limit /
+  // kSlideRatherThanReclaimDivisor or more, and the learned step (followed
+  // now) pins it again within kSlideRatherThanReclaimPins pins, at
+  // *next_use: a page-out of it would come straight back.
+  bool ReclaimVictimDueSoon(const std::vector<Buffer*>& victim, size_t rounded,
+                            size_t* next_use) const;
+  // Before such a single reclaim, with the bytes free: slides (SlideFor),
+  // so that the victim stays if that makes room. True when it tried (mu_
+  // was released: the victim must be chosen again).
   bool SlideRatherThanReclaimLocked(std::unique_lock<std::mutex>& lock,
                                     size_t rounded,
                                     const std::vector<Buffer*>& victim);
+  // Before such a single reclaim, where a slide alone makes no room: pages
+  // out buffers due later than the victim and fewer bytes than it
+  // (ChooseTopUpVictims), then slides. True when it tried (mu_ was
+  // released: the victim must be chosen again).
+  bool TopUpAndSlideLocked(std::unique_lock<std::mutex>& lock, size_t rounded,
+                           const std::vector<Buffer*>& victim);
   static constexpr size_t kSlideRatherThanReclaimPins = 16;
   // ... and whose victim holds memory_limit / this or more.
   static constexpr size_t kSlideRatherThanReclaimDivisor = 5;

@@ -3,7 +3,8 @@
 // Reclaim: which inactive buffers to page out when a request does not fit.
 //
 // Three policies, tried in this order by the allocation ladder (engine.cc),
-// each cheaper in bytes copied than the next:
+// each cheaper in bytes copied than the next (a fourth, ChooseTopUpVictims,
+// serves a slide: defrag.cc, TopUpAndSlideLocked):
 //   single     the least recently used inactive buffer whose chunk, merged
 //              with its free neighbours, holds the request. One copy.
 //              (TFLMS counted neighbours with a bug so they never counted;
@@ -14,6 +15,7 @@
 //   full       every inactive buffer.
 // All three only choose; PageOut (residency.cc) copies and frees. Choosing
 // runs under mu_ and touches no device.
+#include <algorithm>
 #include <limits>
 
 #include "engine_impl.h"
@@ -86,6 +88,117 @@ std::vector<Buffer*> Engine::Impl::ChooseFragmentVictims(size_t rounded) {
     if (h == best_last) break;
   }
   return victims;
+}
+
+std::vector<Buffer*> Engine::Impl::ChooseTopUpVictims(size_t rounded,
+                                                      size_t after,
+                                                      size_t* cost) {
+  // A run: adjacent chunks of one region, each free, movable, or
+  // reclaimable and pinned after `after`; any other chunk ends it. A buffer
+  // that may leave but cannot move yet (still landing, or its last use not
+  // yet done) either leaves or splits the run, so each stretch between such
+  // splits is weighed with those inside it leaving. What its free bytes and
+  // theirs lack, for the request and for the LMS limit, comes from its
+  // movable buffers pinned after `after`: the smallest that covers it alone
+  // (the latest pinned among equals), else the latest pinned until covered.
+  enum class Kind { kFree, kStays, kMayLeave, kMustLeave };
+  struct Entry {
+    Buffer* buffer;
+    size_t size;
+    Kind kind;
+  };
+  const size_t in_use = arena_->bytes_in_use();
+  const size_t over =
+      in_use + rounded > lms_limit_ ? in_use + rounded - lms_limit_ : 0;
+  auto pinned_after = [&](const Buffer* b) {
+    return Reclaimable(b) && NextUse(b) > after;
+  };
+  std::vector<Buffer*> best;
+  *cost = std::numeric_limits<size_t>::max();
+  std::vector<Entry> run;
+  auto weigh = [&](size_t lo, size_t hi) {  // run[lo, hi)
+    size_t free_bytes = 0, must = 0;
+    std::vector<Buffer*> leaving, may;
+    for (size_t i = lo; i < hi; ++i) {
+      const Entry& e = run[i];
+      if (e.kind == Kind::kFree) free_bytes += e.size;
+      if (e.kind == Kind::kMustLeave) {
+        must += e.size;
+        leaving.push_back(e.buffer);
+      }
+      if (e.kind == Kind::kMayLeave) may.push_back(e.buffer);
+    }
+    const size_t room = free_bytes + must;
+    const size_t lack = std::max(over > must ? over - must : 0,
+                                 rounded > room ? rounded - room : 0);
+    if (lack == 0 && must == 0) return;  // a slide alone would do
+    auto bytes = [&](const Buffer* b) { return arena_->chunk(b->chunk)->size; };
+    size_t paid = must;
+    if (lack > 0) {
+      Buffer* one = nullptr;
+      for (Buffer* b : may) {
+        if (bytes(b) < lack) continue;
+        if (one == nullptr || bytes(b) < bytes(one) ||
+            (bytes(b) == bytes(one) && NextUse(b) > NextUse(one))) {
+          one = b;
+        }
+      }
+      if (one != nullptr) {
+        leaving.push_back(one);
+        paid += bytes(one);
+      } else {
+        std::sort(may.begin(), may.end(),
+                  [&](const Buffer* x, const Buffer* y) {
+                    return NextUse(x) > NextUse(y);
+                  });
+        size_t got = 0;
+        for (Buffer* b : may) {
+          if (got >= lack) break;
+          leaving.push_back(b);
+          got += bytes(b);
+        }
+        if (got < lack) return;
+        paid += got;
+      }
+    }
+    if (paid < *cost) {
+      *cost = paid;
+      best = std::move(leaving);
+    }
+  };
+  auto close_run = [&] {
+    std::vector<size_t> starts{0}, ends{run.size()};
+    for (size_t i = 0; i < run.size(); ++i) {
+      if (run[i].kind != Kind::kMustLeave) continue;
+      starts.push_back(i + 1);
+      ends.push_back(i);
+    }
+    for (size_t lo : starts) {
+      for (size_t hi : ends) {
+        if (lo < hi) weigh(lo, hi);
+      }
+    }
+    run.clear();
+  };
+  arena_->ForEachRegion([&](BfcArena::ChunkHandle h) {
+    for (; h != BfcArena::kInvalidChunk; h = arena_->chunk(h)->next) {
+      const BfcArena::Chunk* c = arena_->chunk(h);
+      Buffer* b = static_cast<Buffer*>(c->owner);
+      if (!c->in_use()) {
+        run.push_back({nullptr, c->size, Kind::kFree});
+      } else if (Movable(b)) {
+        run.push_back(
+            {b, c->size, pinned_after(b) ? Kind::kMayLeave : Kind::kStays});
+      } else if (pinned_after(b)) {
+        run.push_back({b, c->size, Kind::kMustLeave});
+      } else {
+        close_run();
+      }
+    }
+    close_run();
+  });
+  if (best.empty()) *cost = 0;
+  return best;
 }
 
 std::vector<Buffer*> Engine::Impl::ChooseAllInactive() {

@@ -2216,6 +2216,83 @@ TEST(ASlideKeepsAReclaimVictimThatIsPinnedAgainSoon) {
   }
 }
 
+// One step in an empty 16 MiB device: x (256 KiB), A (4 MiB), a 2 MiB
+// hole, B (4 MiB), S (2 MiB), C (3.75 MiB), all inactive, and then D
+// (3.75 MiB): 2 MiB free, 1.75 MiB short. Every single victim (A, B or C)
+// is pinned again by the next ops and S only after 20 more ops on x
+// (`soon`), or all of them after those 20 ops. Returns the bytes paged out
+// for D and, in *slid, the slides.
+int64_t TopUpStep(Fixture& f, bool soon, int seed, int64_t* slid) {
+  Engine* e = f.engine_.get();
+  e->StepBegin();
+  void* p;
+  auto op = [&](Buffer* b) {
+    EXPECT_OK(e->Pin(b, &p));
+    f.device_->Compute(1e-3);
+    EXPECT_OK(e->Unpin(b));
+  };
+  std::vector<Buffer*> made;
+  std::vector<std::string> bytes;
+  for (size_t size : {16 * kMiB / 64, 4 * kMiB, 2 * kMiB, 4 * kMiB, 2 * kMiB,
+                      4 * kMiB - 16 * kMiB / 64}) {
+    Status s;
+    made.push_back(e->AllocateBuffer(size, true, &s, &p));
+    EXPECT_OK(s);
+    EXPECT_OK(e->Unpin(made.back()));
+    bytes.push_back(Pattern(size, 60 + seed + static_cast<int>(made.size())));
+    EXPECT_OK(e->WriteBuffer(made.back(), 0, bytes.back().data(), size));
+  }
+  Buffer* x = made[0];
+  for (int i = 0; i < 20; ++i) op(x);  // enough pins to trust the order
+  EXPECT_OK(e->FreeBuffer(made[2]));
+  f.device_->SynchronizeAll();  // every write landed: all may move
+  const int64_t out_before = e->GetStats().bytes_reclaimed;
+  const int64_t slides_before = e->GetStats().num_defragmentations;
+  Status s;
+  Buffer* d = e->AllocateBuffer(4 * kMiB - 16 * kMiB / 64, true, &s, &p);
+  EXPECT_OK(s);
+  f.device_->Compute(1e-3);
+  EXPECT_OK(e->Unpin(d));
+  const int64_t out = e->GetStats().bytes_reclaimed - out_before;
+  *slid = e->GetStats().num_defragmentations - slides_before;
+  if (!soon) {
+    for (int i = 0; i < 20; ++i) op(x);
+  }
+  for (size_t i : {1, 3, 5}) op(made[i]);  // A, B, C
+  if (soon) {
+    for (int i = 0; i < 20; ++i) op(x);
+  }
+  op(made[4]);  // S
+  for (size_t i : {0, 1, 3, 4, 5}) EXPECT(Holds(e, made[i], bytes[i]));
+  for (size_t i : {0, 1, 3, 4, 5}) EXPECT_OK(e->FreeBuffer(made[i]));
+  EXPECT_OK(e->FreeBuffer(d));
+  return out;
+}
+
+TEST(APageOutOfLessDueLaterAndASlideKeepAReclaimVictimThatIsPinnedAgainSoon) {
+  // Once the step is learned, with A, B and C pinned again at once, D's
+  // room comes from paging out S (2 MiB, due later) and sliding B down
+  // into the hole: no slide alone could, the bytes being short. Where they
+  // all come back 20 pins later, the single reclaim pages out C, as before.
+  for (bool soon : {true, false}) {
+    Fixture f(16 * kMiB, 64 * kMiB, true, false, /*prefetch=*/true, 0,
+              /*allow_growth=*/false);
+    for (int step = 0; step < 6; ++step) {
+      int64_t slid = 0;
+      const int64_t out = TopUpStep(f, soon, step, &slid);
+      if (step < 3) continue;  // learning the step
+      if (soon) {
+        EXPECT(out == static_cast<int64_t>(2 * kMiB));
+        EXPECT(slid == 1);
+      } else {
+        EXPECT(out == static_cast<int64_t>(4 * kMiB - 16 * kMiB / 64));
+        EXPECT(slid == 0);
+      }
+    }
+    EXPECT_OK(f.engine_->CheckInvariants());
+  }
+}
+
 TEST(PrefetchedTensorEvictedBeforeItsPinLeavesWithoutACopy) {
   // A prefetched buffer keeps the host copy it came from until its first
   // pin: evicted before that pin it needs no copy out. Once pinned (a
