@@ -2138,22 +2138,39 @@ TEST(PaddingMakesRoomBeforeAnyPageOutWhileAPlanIsFollowed) {
   }
 }
 
+// One kernel of 1 ms reading `b`.
+void RunKernelOn(Fixture& f, Buffer* b) {
+  void* p;
+  EXPECT_OK(f.engine_->Pin(b, &p));
+  f.device_->Compute(1e-3);
+  EXPECT_OK(f.engine_->Unpin(b));
+}
+
+// Allocates a pinned buffer of `size` into *made, runs its kernel and
+// unpins it: the bytes the engine paged out to make its room.
+int64_t PagedOutFor(Fixture& f, size_t size, Buffer** made) {
+  Engine* e = f.engine_.get();
+  const int64_t before = e->GetStats().bytes_reclaimed;
+  Status s;
+  void* p;
+  *made = e->AllocateBuffer(size, true, &s, &p);
+  EXPECT_OK(s);
+  f.device_->Compute(1e-3);
+  EXPECT_OK(e->Unpin(*made));
+  return e->GetStats().bytes_reclaimed - before;
+}
+
 // One step in a 16 MiB region: x, A (4 MiB), H1 (2), B (4), H2 (2) and C (the
 // rest) are made, H1 and H2 freed, and D (4 MiB less x) finds its bytes free
 // in two 2 MiB holes with no hole of its size. Then A, B and C are pinned
 // again, at once (`soon`) or after 20 other pins. Returns the bytes paged
-// out in the step.
+// out for D.
 int64_t SplitHolesStep(Fixture& f, Buffer* x, bool soon, int seed) {
   Engine* e = f.engine_.get();
   e->StepBegin();
   void* p;
-  auto op = [&](Buffer* b) {
-    EXPECT_OK(e->Pin(b, &p));
-    f.device_->Compute(1e-3);
-    EXPECT_OK(e->Unpin(b));
-  };
+  auto op = [&](Buffer* b) { RunKernelOn(f, b); };
   for (int i = 0; i < 20; ++i) op(x);  // enough pins to trust the order
-  const int64_t out_before = e->GetStats().bytes_reclaimed;
   const size_t rest = 16 * kMiB - 16 * kMiB / 64 - 12 * kMiB;
   std::vector<Buffer*> made;
   for (size_t size : {4 * kMiB, 2 * kMiB, 4 * kMiB, 2 * kMiB, rest}) {
@@ -2171,12 +2188,8 @@ int64_t SplitHolesStep(Fixture& f, Buffer* x, bool soon, int seed) {
   EXPECT_OK(e->WriteBuffer(b, 0, b_bytes.data(), b_bytes.size()));
   EXPECT_OK(e->FreeBuffer(made[1]));
   EXPECT_OK(e->FreeBuffer(made[3]));
-  Status s;
-  Buffer* d = e->AllocateBuffer(4 * kMiB - 16 * kMiB / 64, true, &s, &p);
-  EXPECT_OK(s);
-  f.device_->Compute(1e-3);
-  EXPECT_OK(e->Unpin(d));
-  const int64_t out = e->GetStats().bytes_reclaimed - out_before;
+  Buffer* d = nullptr;
+  const int64_t out = PagedOutFor(f, 4 * kMiB - 16 * kMiB / 64, &d);
   if (!soon) {
     for (int i = 0; i < 20; ++i) op(x);
   }
@@ -2226,11 +2239,7 @@ int64_t TopUpStep(Fixture& f, bool soon, int seed, int64_t* slid) {
   Engine* e = f.engine_.get();
   e->StepBegin();
   void* p;
-  auto op = [&](Buffer* b) {
-    EXPECT_OK(e->Pin(b, &p));
-    f.device_->Compute(1e-3);
-    EXPECT_OK(e->Unpin(b));
-  };
+  auto op = [&](Buffer* b) { RunKernelOn(f, b); };
   std::vector<Buffer*> made;
   std::vector<std::string> bytes;
   for (size_t size : {16 * kMiB / 64, 4 * kMiB, 2 * kMiB, 4 * kMiB, 2 * kMiB,
@@ -2246,14 +2255,9 @@ int64_t TopUpStep(Fixture& f, bool soon, int seed, int64_t* slid) {
   for (int i = 0; i < 20; ++i) op(x);  // enough pins to trust the order
   EXPECT_OK(e->FreeBuffer(made[2]));
   f.device_->SynchronizeAll();  // every write landed: all may move
-  const int64_t out_before = e->GetStats().bytes_reclaimed;
   const int64_t slides_before = e->GetStats().num_defragmentations;
-  Status s;
-  Buffer* d = e->AllocateBuffer(4 * kMiB - 16 * kMiB / 64, true, &s, &p);
-  EXPECT_OK(s);
-  f.device_->Compute(1e-3);
-  EXPECT_OK(e->Unpin(d));
-  const int64_t out = e->GetStats().bytes_reclaimed - out_before;
+  Buffer* d = nullptr;
+  const int64_t out = PagedOutFor(f, 4 * kMiB - 16 * kMiB / 64, &d);
   *slid = e->GetStats().num_defragmentations - slides_before;
   if (!soon) {
     for (int i = 0; i < 20; ++i) op(x);
