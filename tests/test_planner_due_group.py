@@ -25,8 +25,9 @@ from tflms.planner.study import get_trace
 
 @pytest.mark.parametrize(
     ("model", "pairing", "batch"),
-    # InceptionV3 at 692 no longer reaches the split (next test): 680 still does.
-    [("InceptionV3", "dgx1-v100", 680), ("ResNet50", "ac922-v100", 1497)],
+    # InceptionV3 at 692 no longer reaches the split (next test), nor at 680 since the
+    # engine pages out less and slides (TopUpAndSlideLocked): 684 still does.
+    [("InceptionV3", "dgx1-v100", 684), ("ResNet50", "ac922-v100", 1497)],
 )
 def test_prefetch_fits_where_its_inputs_would_have_split_the_memory(
     model: str, pairing: str, batch: int
