@@ -302,7 +302,7 @@ class Engine::Impl {
   // Reads Movable(), so the caller synchronizes last uses first.
   std::vector<Buffer*> ChooseTopUpVictims(size_t rounded, size_t after,
                                           size_t* cost);
-  static constexpr size_t kMaxTopUpSplits = 32;
+  static constexpr size_t kMaxTopUpSplits = 128;
   std::vector<Buffer*> ChooseAllInactive();
   bool Reclaimable(const Buffer* b) const;
   Status ReclaimInactive(size_t* bytes);

@@ -175,9 +175,10 @@ std::vector<Buffer*> Engine::Impl::ChooseTopUpVictims(size_t rounded,
     }
     ends.push_back(run.size());
     // k splits make (k + 1)(k + 2) / 2 stretches, each weighed in time
-    // linear in the run, under mu_. The planner's points reach k = 29 in
-    // runs of up to 1,063 chunks; past kMaxTopUpSplits only the stretches
-    // between neighbouring splits and the whole run are weighed.
+    // linear in the run, under mu_. The planner's points reach k = 68 in
+    // runs of up to 1,206 chunks (docs/lookahead.md's replays); past
+    // kMaxTopUpSplits only the stretches between neighbouring splits and
+    // the whole run are weighed.
     if (starts.size() > kMaxTopUpSplits + 1) {
       for (size_t i = 0; i < starts.size(); ++i) {
         if (starts[i] < ends[i]) weigh(starts[i], ends[i]);
