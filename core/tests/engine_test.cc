@@ -1898,7 +1898,8 @@ TEST(PrefetchPlanPagesOutAWeightForTheNextStep) {
 // kernels on a small tensor x in between, and finally reads A. Each kernel
 // runs 2 ms; the link moves 50 MB/s, so A's copy back takes 21 ms.
 struct PlannedStepRun {
-  explicit PlannedStepRun(size_t host_limit = 64 * kMiB) {
+  explicit PlannedStepRun(size_t host_limit = 64 * kMiB, int lookahead = 2,
+                          size_t prefetch_budget = 0) {
     SimOptions so;
     so.device_memory = 8 * kMiB;
     so.link_bytes_per_second = 50e6;
@@ -1909,8 +1910,10 @@ struct PlannedStepRun {
     eo.lms_enabled = true;
     eo.verify_pins = true;
     eo.prefetch_enabled = true;
-    // Two pins ahead (4 ms): the look-ahead alone cannot land A in time.
-    eo.prefetch_lookahead = 2;
+    // By default two pins ahead (4 ms): the look-ahead alone cannot land A
+    // in time.
+    eo.prefetch_lookahead = lookahead;
+    eo.prefetch_budget_bytes = prefetch_budget;
     eo.allow_growth = false;  // one region, as TensorFlow takes by default
     engine = std::make_unique<Engine>(device.get(), eo);
     EXPECT_OK(engine->Init());
@@ -1983,6 +1986,56 @@ TEST(PrefetchPlanBringsAnEvictedTensorBackWhereItFits) {
   EXPECT(after.prefetch_hits_in_flight == before.prefetch_hits_in_flight);
   EXPECT(after.prefetch_misses == before.prefetch_misses);
   EXPECT(after.num_single_reclaims == before.num_single_reclaims);
+  EXPECT_OK(r.engine->FreeBuffer(r.x));
+  EXPECT_OK(r.engine->CheckInvariants());
+  EXPECT(r.engine->GetStats().host_bytes_in_use == 0);
+}
+
+TEST(AnOverBudgetTensorThePlanEvictsLeavesEarlyWithinTheLookAhead) {
+  // A (1 MiB, over the 512 KiB prefetch budget) is written, then seven
+  // 1 MiB tensors fill the 8 MiB device; the last needs A's room, and A is
+  // read after all seven, some 50 pins after its last use: within the
+  // 128-pin look-ahead, so a tensor within the budget would stay for on-
+  // demand reclaim. Over the budget, the look-ahead would not page A
+  // straight back in, so once the plan evicts it A's copy out starts at its
+  // unpin: the seventh allocation collects that copy rather than paging A
+  // out itself while the host waits. A's bytes are intact at its use.
+  // Fails without the rule (no early page-out; two single reclaims a step).
+  PlannedStepRun r(64 * kMiB, /*lookahead=*/128, /*prefetch_budget=*/kMiB / 2);
+  const std::string bytes = Pattern(kMiB, 31);
+  EngineStats before;
+  for (int step = 0; step < 6; ++step) {
+    if (step == 3) before = r.engine->GetStats();
+    r.engine->StepBegin();
+    r.Op({r.x});
+    Status s;
+    void* p;
+    Buffer* a = r.engine->AllocateBuffer(kMiB, true, &s, &p);
+    EXPECT_OK(s);
+    r.device->Compute(2e-3);
+    r.device->HostAdvance(2e-3);
+    EXPECT_OK(r.engine->Unpin(a));
+    EXPECT_OK(r.engine->WriteBuffer(a, 0, bytes.data(), bytes.size()));
+    std::vector<Buffer*> f;
+    for (int i = 0; i < 7; ++i) {
+      f.push_back(r.engine->AllocateBuffer(kMiB, true, &s, &p));
+      EXPECT_OK(s);
+      r.device->Compute(2e-3);
+      r.device->HostAdvance(2e-3);
+      EXPECT_OK(r.engine->Unpin(f.back()));
+      for (int k = 0; k < 5; ++k) r.Op({r.x});
+    }
+    for (Buffer* t : f) r.Op({t, r.x});
+    r.Op({a, r.x});
+    EXPECT(Holds(r.engine.get(), a, bytes));
+    for (Buffer* t : f) EXPECT_OK(r.engine->FreeBuffer(t));
+    r.EndStep(a);
+  }
+  EngineStats after = r.engine->GetStats();
+  EXPECT(after.num_early_page_outs - before.num_early_page_outs == 3);
+  // One a step: the room A's own page-in needs at its pin (the device is
+  // full of the seven then). Without the early copy, two: A's as well.
+  EXPECT(after.num_single_reclaims - before.num_single_reclaims == 3);
   EXPECT_OK(r.engine->FreeBuffer(r.x));
   EXPECT_OK(r.engine->CheckInvariants());
   EXPECT(r.engine->GetStats().host_bytes_in_use == 0);
@@ -3239,7 +3292,8 @@ TEST(RunAheadLimitCountsNoWaitWhereTheGpuIsAlreadyWithinIt) {
 workload::Result RunModelledWorkload(const workload::Shape& shape,
                                      size_t device, bool prefetch,
                                      bool prefetch_guard,
-                                     int lookahead = EngineOptions{}.prefetch_lookahead) {
+                                     int lookahead = EngineOptions{}.prefetch_lookahead,
+                                     size_t prefetch_budget = 0) {
   SimOptions so;
   so.device_memory = device;
   so.store_data = false;
@@ -3251,6 +3305,7 @@ workload::Result RunModelledWorkload(const workload::Shape& shape,
   eo.prefetch_enabled = prefetch;
   eo.prefetch_guard = prefetch_guard;
   eo.prefetch_lookahead = lookahead;
+  eo.prefetch_budget_bytes = prefetch_budget;
   Engine engine(&sim, eo);
   EXPECT_OK(engine.Init());
   workload::SimKernels kernels(&sim, 1 / 3e12);
@@ -3294,10 +3349,15 @@ TEST(PrefetchKeepsItsStepTimeOverManySteps) {
 // loses (6x: the weights pile up on the device under the learned victim
 // choice, and fragment reclaims follow, as measured on an H200) the guard
 // pauses it. Either way the steps after the trials run at the faster mode's
-// pace. Lookahead 256: at the default (128) prefetch wins at 6x as well
-// (0.453 s against 0.475 s), and the case where it loses is gone.
+// pace. Lookahead 256 and a prefetch budget of one 256 MiB activation: at
+// the default lookahead (128) prefetch wins at 6x as well (0.453 s against
+// 0.475 s), and so it does at 256 with the default budget (an eighth of the
+// device) since a tensor over the budget that the plan evicts leaves at its
+// last use even within the look-ahead (prefetch.cc: 0.459 s); with the
+// activations within the budget it loses (0.787 s).
 TEST(PrefetchGuardKeepsTheFasterModeOfEachWorkload) {
   constexpr int kLookahead = 256;
+  constexpr size_t kBudget = 256 * kMiB;
   const workload::Shape shape(32, 256 * kMiB, 32 * kMiB, 24, 2e-3, 4e-3);
   const size_t peak = shape.PeakBytes();
   for (int x : {3, 6}) {
@@ -3305,7 +3365,7 @@ TEST(PrefetchGuardKeepsTheFasterModeOfEachWorkload) {
     workload::Result runs[3];  // on demand, prefetch, guarded prefetch
     for (int mode = 0; mode < 3; ++mode) {
       runs[mode] = RunModelledWorkload(shape, device, mode > 0, mode == 2,
-                                       kLookahead);
+                                       kLookahead, kBudget);
       if (runs[mode].step_seconds.size() != 24) return;
     }
     // Steps 12-24: after the trials (steps 5-7 with prefetch, 8-10
@@ -3317,9 +3377,8 @@ TEST(PrefetchGuardKeepsTheFasterModeOfEachWorkload) {
     };
     const double on_demand = late(runs[0]), prefetch = late(runs[1]),
                  guarded = late(runs[2]);
-    // Faster by more than the guard's 2% margin. At 6x prefetch took 0.516 s
-    // against 0.475 s on demand until the engine placed a kernel's host
-    // inputs together (due_group.cc), 0.474 s since: not worth keeping.
+    // Faster by more than the guard's 2% margin (at 6x 0.787 s against
+    // 0.475 s on demand).
     const bool prefetch_wins = prefetch < on_demand * 0.98;
     std::printf("  %dx: on demand %.3f s, prefetch %.3f s, guarded %.3f s, "
                 "%lld steps paused\n",
@@ -3336,8 +3395,9 @@ TEST(PrefetchGuardKeepsTheFasterModeOfEachWorkload) {
   // goes back when it is not faster: at 6x over 70 steps, paused in 8-60,
   // prefetch tried in 61-63, paused again from 64 (70 not ended).
   const workload::Shape longer(32, 256 * kMiB, 32 * kMiB, 70, 2e-3, 4e-3);
-  const workload::Result r = RunModelledWorkload(
-      longer, peak / 6 / (64 * kMiB) * (64 * kMiB), true, true, kLookahead);
+  const workload::Result r =
+      RunModelledWorkload(longer, peak / 6 / (64 * kMiB) * (64 * kMiB), true,
+                          true, kLookahead, kBudget);
   EXPECT(r.stats.num_prefetch_paused_steps == 53 + 6);
   if (r.step_seconds.size() == 70) {
     const double paused = r.step_seconds[50], probed = r.step_seconds[62];
