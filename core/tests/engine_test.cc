@@ -1928,26 +1928,25 @@ struct PlannedStepRun {
     device->HostAdvance(2e-3);
     for (Buffer* b : in) EXPECT_OK(engine->Unpin(b));
   }
+  // A kernel that makes a tensor of `bytes` (returned, unpinned).
+  Buffer* Make(size_t bytes) {
+    Status s;
+    void* p;
+    Buffer* t = engine->AllocateBuffer(bytes, true, &s, &p);
+    EXPECT_OK(s);
+    device->Compute(2e-3);
+    device->HostAdvance(2e-3);
+    EXPECT_OK(engine->Unpin(t));
+    return t;
+  }
   // One step up to the kernel that reads A (returned, unpinned).
   Buffer* StepUntilA(const std::string& a_bytes) {
     engine->StepBegin();
     Op({x});
-    Status s;
-    void* p;
-    Buffer* a = engine->AllocateBuffer(kMiB, true, &s, &p);
-    EXPECT_OK(s);
-    device->Compute(2e-3);
-    device->HostAdvance(2e-3);
-    EXPECT_OK(engine->Unpin(a));
+    Buffer* a = Make(kMiB);
     EXPECT_OK(engine->WriteBuffer(a, 0, a_bytes.data(), a_bytes.size()));
     std::vector<Buffer*> f;
-    for (int i = 0; i < 7; ++i) {
-      f.push_back(engine->AllocateBuffer(kMiB, true, &s, &p));
-      EXPECT_OK(s);
-      device->Compute(2e-3);
-      device->HostAdvance(2e-3);
-      EXPECT_OK(engine->Unpin(f.back()));
-    }
+    for (int i = 0; i < 7; ++i) f.push_back(Make(kMiB));
     for (int i = 6; i >= 0; --i) {
       Op({f[static_cast<size_t>(i)], x});
       EXPECT_OK(engine->FreeBuffer(f[static_cast<size_t>(i)]));
@@ -2008,21 +2007,11 @@ TEST(AnOverBudgetTensorThePlanEvictsLeavesEarlyWithinTheLookAhead) {
     if (step == 3) before = r.engine->GetStats();
     r.engine->StepBegin();
     r.Op({r.x});
-    Status s;
-    void* p;
-    Buffer* a = r.engine->AllocateBuffer(kMiB, true, &s, &p);
-    EXPECT_OK(s);
-    r.device->Compute(2e-3);
-    r.device->HostAdvance(2e-3);
-    EXPECT_OK(r.engine->Unpin(a));
+    Buffer* a = r.Make(kMiB);
     EXPECT_OK(r.engine->WriteBuffer(a, 0, bytes.data(), bytes.size()));
     std::vector<Buffer*> f;
     for (int i = 0; i < 7; ++i) {
-      f.push_back(r.engine->AllocateBuffer(kMiB, true, &s, &p));
-      EXPECT_OK(s);
-      r.device->Compute(2e-3);
-      r.device->HostAdvance(2e-3);
-      EXPECT_OK(r.engine->Unpin(f.back()));
+      f.push_back(r.Make(kMiB));
       for (int k = 0; k < 5; ++k) r.Op({r.x});
     }
     for (Buffer* t : f) r.Op({t, r.x});
@@ -2060,26 +2049,14 @@ TEST(PlannedPageInQueuesBehindOnlyCopiesNeededSooner) {
     if (step == 4) r.device->RecordCopies(true);
     r.engine->StepBegin();
     r.Op({r.x});
-    Status s;
-    void* p;
     Buffer* ab[2];
     for (int k = 0; k < 2; ++k) {
-      ab[k] = r.engine->AllocateBuffer(kMiB, true, &s, &p);
-      EXPECT_OK(s);
-      r.device->Compute(2e-3);
-      r.device->HostAdvance(2e-3);
-      EXPECT_OK(r.engine->Unpin(ab[k]));
+      ab[k] = r.Make(kMiB);
       const std::string& bytes = k == 0 ? a_bytes : b_bytes;
       EXPECT_OK(r.engine->WriteBuffer(ab[k], 0, bytes.data(), bytes.size()));
     }
     std::vector<Buffer*> f;
-    for (int i = 0; i < 7; ++i) {
-      f.push_back(r.engine->AllocateBuffer(kMiB, true, &s, &p));
-      EXPECT_OK(s);
-      r.device->Compute(2e-3);
-      r.device->HostAdvance(2e-3);
-      EXPECT_OK(r.engine->Unpin(f.back()));
-    }
+    for (int i = 0; i < 7; ++i) f.push_back(r.Make(kMiB));
     for (int i = 6; i >= 0; --i) {
       r.Op({f[static_cast<size_t>(i)], r.x});
       EXPECT_OK(r.engine->FreeBuffer(f[static_cast<size_t>(i)]));
