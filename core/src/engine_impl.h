@@ -302,7 +302,6 @@ class Engine::Impl {
   // Reads Movable(), so the caller synchronizes last uses first.
   std::vector<Buffer*> ChooseTopUpVictims(size_t rounded, size_t after,
                                           size_t* cost);
-  static constexpr size_t kMaxTopUpSplits = 128;
   std::vector<Buffer*> ChooseAllInactive();
   bool Reclaimable(const Buffer* b) const;
   Status ReclaimInactive(size_t* bytes);
@@ -563,6 +562,12 @@ class Engine::Impl {
   // the learned order, the previous step paged it out between here and its
   // next use. Not in fixed-address mode.
   bool ShouldPageOutEarlyLocked(const Buffer* b) const;
+  // Whether `b` is larger than the prefetch budget: the look-ahead pages
+  // such a tensor in only first in line and only into free memory, which is
+  // also why the plan's page-out of it stands within the look-ahead.
+  bool OverPrefetchBudget(const Buffer* b) const {
+    return b->size > options_.prefetch_budget_bytes;
+  }
   // Whether paging `b` out by the plan leaves the host pool room for the
   // planned step's largest buffer (the plan knows no host limit).
   bool PlannedPageOutLeavesRoomLocked(const Buffer* b) const;

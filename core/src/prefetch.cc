@@ -104,10 +104,8 @@ constexpr size_t kPlannedInSlack = 2;
 constexpr size_t kPlannedInQueueShare = 4;
 // A tensor larger than the prefetch budget that the plan evicts before its
 // next use is paged out early if that use is at least this many pins away,
-// even within the look-ahead (ShouldPageOutEarlyLocked). At 16, ResNet152
-// at batch 1339 on the AC922 with twice the host ran out of memory in its
-// third step; at 64, ResNet50 at 1340 on the DGX-1 with twice the host
-// stepped 4.9% slower over 30 steps; at 32 neither, and see there.
+// even within the look-ahead (ShouldPageOutEarlyLocked, which says why and
+// what the bound was measured against).
 constexpr size_t kEarlyOutOverBudgetPins = 32;
 // Recordings kept to choose from (functions per step, times two).
 constexpr size_t kLibrarySize = 4;
@@ -500,11 +498,18 @@ bool Engine::Impl::ShouldPageOutEarlyLocked(const Buffer* b) const {
   // last use, evicted by the plan 55 pins after it, 8.873 -> 8.654 s a step.
   // Not where it is due within kEarlyOutOverBudgetPins: there the on-demand
   // rules may keep it by a slide (defrag.cc), and at the largest batches
-  // paging such tensors out early made steps up to 9.6% slower.
+  // paging every such tensor out early made steps up to 9.6% slower
+  // (ResNet50 at 1342 on the AC922). Bounds of 16 and 64 pins were worse:
+  // ResNet152 at 1339 on the AC922 with twice the host ran out of memory
+  // in its third step, and ResNet50 at 1340 on the DGX-1 with twice the
+  // host stepped 4.9% slower over 30 steps. Its cost: the training workload
+  // at six times its device, every activation over the budget, steps in
+  // 0.519 s with prefetch at lookahead 128 against 0.453 s without the rule
+  // and 0.475 s on demand (docs/tuning.md), those tensors coming back one
+  // at a time; at five times, and at six with lookahead 256, it is faster.
   const size_t distance = next - cursor;
   if (distance < static_cast<size_t>(options_.prefetch_lookahead) &&
-      (b->size <= options_.prefetch_budget_bytes ||
-       distance < kEarlyOutOverBudgetPins)) {
+      (!OverPrefetchBudget(b) || distance < kEarlyOutOverBudgetPins)) {
     return false;
   }
   // The step the order was learned from paged it out between this use and
@@ -806,7 +811,7 @@ void Engine::Impl::RunPrefetch(std::unique_lock<std::mutex>& lock,
     // Over the budget: only into free memory (NotePinAndPlan).
     Status s = PageIn(lock, b, /*for_prefetch=*/true,
                       needed_at == SIZE_MAX ? 0 : needed_at,
-                      /*no_reclaim=*/b->size > options_.prefetch_budget_bytes);
+                      /*no_reclaim=*/OverPrefetchBudget(b));
     if (b->free_requested) {
       DestroyBufferLocked(b);
       continue;

@@ -22,6 +22,13 @@
 #include "window_scan.h"
 
 namespace tflms {
+namespace {
+
+// Splits in a run past which ChooseTopUpVictims weighs only the stretches
+// between neighbouring splits (the comment there says why).
+constexpr size_t kMaxTopUpSplits = 128;
+
+}  // namespace
 
 bool Engine::Impl::Reclaimable(const Buffer* b) const {
   return b != nullptr && b->state == BufferState::kResident && b->in_lru &&
