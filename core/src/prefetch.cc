@@ -505,8 +505,10 @@ bool Engine::Impl::ShouldPageOutEarlyLocked(const Buffer* b) const {
   // host stepped 4.9% slower over 30 steps. Its cost: the training workload
   // at six times its device, every activation over the budget, steps in
   // 0.519 s with prefetch at lookahead 128 against 0.453 s without the rule
-  // and 0.475 s on demand (docs/tuning.md), those tensors coming back one
-  // at a time; at five times, and at six with lookahead 256, it is faster.
+  // and 0.475 s on demand (docs/tuning.md): the tensors it sends out come
+  // back on demand there (328 of 341 over 40 steps), where at the planner's
+  // points they come back as prefetch hits; at five times, and at six with
+  // lookahead 256, it is faster.
   const size_t distance = next - cursor;
   if (distance < static_cast<size_t>(options_.prefetch_lookahead) &&
       (!OverPrefetchBudget(b) || distance < kEarlyOutOverBudgetPins)) {
