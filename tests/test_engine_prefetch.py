@@ -430,6 +430,65 @@ def test_pins_of_other_ids_inside_a_step_do_not_shift_its_order() -> None:
     assert noisy["prefetch_hits"] >= 0.9 * clean["prefetch_hits"], (noisy, clean)
 
 
+def run_steps_with_a_pipeline_thread(race: bool, steps: int = 6) -> dict[str, int]:
+    """Steps found from step ids alone, each with a kernel that reads 20 weights at once
+    (an AddN of gradients) and, on another thread, a kernel of another id (an input
+    pipeline's function) that reads a batch: before the summing kernel notes its id,
+    or, with `race`, between its noting its id and pinning its inputs, as TensorFlow's
+    threads interleave. Returns the last step's stats."""
+    import threading
+
+    eng = modelled_engine(True)
+    size = 4 * MiB
+    per_op = size / 24e9 * 1.5
+    weights = [eng.allocate(MiB, pinned=False) for _ in range(20)]
+    batch = eng.allocate(64 * 1024, pinned=False)
+
+    def pipeline_kernel(step_id: int) -> None:
+        eng.note_step_id(step_id)
+        eng.pin(batch)
+        eng.unpin(batch)
+
+    last: dict[str, int] = {}
+    for step in range(steps):
+        own = step + 1
+        before = eng.stats()
+        eng.note_step_id(own)
+        acts = forward_with_weights(eng, weights, MiB, per_op)
+        thread = threading.Thread(target=pipeline_kernel, args=(1000 + step,))
+        if not race:
+            thread.start()
+            thread.join()
+        eng.note_step_id(own)  # the summing kernel
+        if race:
+            thread.start()
+            thread.join()
+        for w in weights:
+            eng.pin(w)
+        eng.compute(per_op)
+        for w in weights:
+            eng.unpin(w)
+        acts += keep_activations(eng, 12, size, per_op)
+        read_back_and_free(eng, acts, per_op)
+        after = eng.stats()
+        last = {k: after[k] - before[k] for k in after}
+    eng.check_invariants()
+    return last
+
+
+def test_another_threads_step_id_does_not_claim_this_threads_pins() -> None:
+    # Each thread's pins count under the id its own kernel noted. With one id for the
+    # whole engine, the summing kernel's 20 pins counted under the pipeline function's
+    # id, which thereby pinned 16 in a row and began a step in the middle of this one
+    # (the CPU harness's Keras fit lost two steps an epoch so).
+    clean = run_steps_with_a_pipeline_thread(race=False)
+    raced = run_steps_with_a_pipeline_thread(race=True)
+    assert clean["num_prefetch_steps"] == 1 and clean["prefetch_hits"] > 0, clean
+    assert raced["num_prefetch_steps"] == 1, raced
+    assert raced["prefetch_hits"] == clean["prefetch_hits"], (raced, clean)
+    assert raced["prefetch_pins_in_order"] == clean["prefetch_pins_in_order"], (raced, clean)
+
+
 def test_weights_a_step_replaced_keep_their_keys_across_a_validation_step() -> None:
     """Keras's optimizer assigns each weight a new buffer every training step. Between
     training steps a validation step (its own function) reads them and makes none of

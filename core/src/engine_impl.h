@@ -525,7 +525,11 @@ class Engine::Impl {
   // belong to the new step.
   // `at`: when the new step began (Device::NowSeconds), for the guard.
   void SplitStepLocked(size_t index, int64_t ordinal_base, double at);
+  // Lock-free: notes the calling thread's step id, which its next pin
+  // takes (TakeNotedStepLocked, at the top of Pin).
   void NoteStepId(int64_t step_id);
+  void TakeNotedStepLocked();
+  void NoteStepIdLocked(int64_t step_id);
   // Makes library[index] the order this step follows.
   void FollowRecording(size_t index);
   // The library recording a step whose first pin has `key` follows.

@@ -672,6 +672,7 @@ Status Engine::Impl::Pin(Buffer* b, void** device_ptr) {
     return FailedPrecondition("buffer " + std::to_string(b->id) +
                               " was freed; it cannot be pinned");
   }
+  if (options_.prefetch_enabled) TakeNotedStepLocked();
   int64_t waited_since = -1;
   bool relocation_tried = false;
   // The first pin of a kernel whose large output the learned step expects:

@@ -211,10 +211,12 @@ class Engine {
   Status Defragment(size_t* bytes_moved);
   // Marks a training-step boundary (prefetch learns per step).
   void StepBegin();
-  // A kernel of the framework's step `step_id` is about to pin its inputs.
-  // Inside TensorFlow nothing calls StepBegin: the engine finds boundaries
-  // itself from these ids (prefetch.cc says how it copes with eager ops,
-  // several functions per step and the first, tracing step).
+  // A kernel of the framework's step `step_id` is about to pin its inputs
+  // on this thread: the id applies to this thread's pins from the next one
+  // on (no lock taken; call it for every kernel). Inside TensorFlow nothing
+  // calls StepBegin: the engine finds boundaries itself from these ids
+  // (prefetch.cc says how it copes with eager ops, several functions per
+  // step and the first, tracing step).
   void NoteStepId(int64_t step_id);
   // Changes the reclaim threshold at run time (0 = memory_limit).
   Status SetLmsLimit(size_t bytes);

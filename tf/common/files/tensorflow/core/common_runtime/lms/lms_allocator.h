@@ -148,11 +148,6 @@ class LmsAllocator : public tsl::Allocator, public MovableAllocator {
   // after waiting, and optional ones that failed.
   std::atomic<int> wait_logs_{0};
   std::atomic<int> optional_failure_logs_{0};
-
-  // The step id of the last kernel that noted one: kernels of one step run
-  // on many threads, and only a change takes the engine's lock. Relaxed: a
-  // stale read costs one redundant NoteStepId, which the engine ignores.
-  std::atomic<int64_t> last_step_id_{0};
 };
 
 }  // namespace lms
