@@ -557,3 +557,46 @@ def test_weights_a_step_replaced_keep_their_keys_across_a_validation_step() -> N
         # 7 pins of the backward pass after the 16th, then the optimizer's 6.
         assert stats["prefetch_pins"] == 13, stats
         assert stats["prefetch_pins_in_order"] == 13, stats
+
+
+def run_steps_that_read_other_weights(swap_step: int, steps: int = 5) -> list[dict[str, int]]:
+    """Each step reads 80 weights, then keeps 12 activations and reads them back in
+    reverse. In step `swap_step` the weights it reads are other buffers of their size,
+    which the learned order knows by other keys (as a Keras training step after
+    validation can read weights the optimizer made in a pattern of its own). Returns
+    each step's stats."""
+    eng = modelled_engine(True)
+    act = 8 * MiB
+    per_op = act / 24e9 * 1.5
+    weights = [eng.allocate(64 * 1024, pinned=False) for _ in range(160)]
+    per_step = []
+    for step in range(steps):
+        eng.step_begin()
+        before = eng.stats()
+        for w in weights[80:] if step == swap_step else weights[:80]:
+            eng.pin(w)
+            eng.compute(per_op / 8)
+            eng.unpin(w)
+        acts = keep_activations(eng, 12, act, per_op)
+        read_back_and_free(eng, acts, per_op)
+        after = eng.stats()
+        per_step.append({k: after[k] - before[k] for k in after})
+    eng.check_invariants()
+    return per_step
+
+
+def test_a_step_that_lost_its_place_in_the_order_finds_it_again() -> None:
+    # 80 pins the order knows by other keys leave the cursor 80 pins behind, beyond
+    # the 64 it looks either way: the activations read back after them are found again
+    # once two keys that each come once in the order agree on where the step is.
+    # Lost for good, none of the 12 was found (the engine before 1 December 2026).
+    steps = run_steps_that_read_other_weights(swap_step=3)
+    usual, swapped, after = steps[2], steps[3], steps[4]
+    assert usual["prefetch_pins_in_order"] == usual["prefetch_pins"] == 92, usual
+    assert usual["prefetch_hits"] > 0, usual
+    # The 80 weights are not found, nor the two activations that place the step; the
+    # other 10 are, in order. (Prefetch follows the order again only once half of the
+    # last 64 pins were found in it, so this step's hits are not asserted.)
+    assert swapped["prefetch_pins"] == 92, swapped
+    assert swapped["prefetch_pins_in_order"] == 10, swapped
+    assert after["prefetch_pins_in_order"] == 92 and after["prefetch_hits"] > 0, after

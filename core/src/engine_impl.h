@@ -537,7 +537,7 @@ class Engine::Impl {
   // Moves *cursor past the occurrence of `key` in the learned order nearest
   // to it (cursor unchanged when none is within the resync window); true
   // when that occurrence is close enough to count as in order.
-  bool AdvanceCursorLocked(int64_t key, size_t* cursor) const;
+  bool AdvanceCursorLocked(int64_t key, size_t* cursor);
   // Records the pin and returns buffers worth paging in ahead of use.
   std::vector<Buffer*> NotePinAndPlan(Buffer* b);
   void RunPrefetch(std::unique_lock<std::mutex>& lock,
@@ -922,6 +922,9 @@ class Engine::Impl {
     // learned positions of each key, ascending (built when chosen)
     std::unordered_map<int64_t, std::vector<size_t>> positions;
     size_t cursor = 0;
+    // Where the last pin found only beyond kResyncWindow, once in the
+    // learned order, placed the step (SIZE_MAX: none since one was found).
+    size_t lost_at = SIZE_MAX;
     // Step ids seen at the pin sites (NoteStepId): the id of the last kernel,
     // the id of the step being recorded, and a new id that may begin the
     // next step (with where it first appeared and its pins since).
