@@ -197,8 +197,10 @@ class Engine:
         self._engine.step_begin()
 
     def note_step_id(self, step_id: int) -> None:
-        """A kernel of framework step `step_id` is about to pin: the engine finds step
-        boundaries itself from these ids, as it does inside TensorFlow."""
+        """A kernel of framework step `step_id` is about to pin on this thread: this
+        thread's pins from the next one on count under that id (each thread keeps its
+        own), and the engine finds step boundaries itself from these ids, as it does
+        inside TensorFlow."""
         self._engine.note_step_id(step_id)
 
     def set_lms_limit(self, nbytes: int) -> None:
