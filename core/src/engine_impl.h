@@ -535,8 +535,8 @@ class Engine::Impl {
   // The library recording a step whose first pin has `key` follows.
   size_t RecordingStartingWith(int64_t key) const;
   // Moves *cursor past the occurrence of `key` in the learned order nearest
-  // to it (cursor unchanged when none is within the resync window); true
-  // when that occurrence is close enough to count as in order.
+  // to it (beyond the resync window only where a lost cursor relocates);
+  // true when that occurrence is close enough to count as in order.
   bool AdvanceCursorLocked(int64_t key, size_t* cursor);
   // Records the pin and returns buffers worth paging in ahead of use.
   std::vector<Buffer*> NotePinAndPlan(Buffer* b);

@@ -211,7 +211,7 @@ namespace {
 // Per thread because a kernel notes its id and then pins its inputs in two
 // calls: with one id for the whole engine, another thread's kernel noting
 // its own id in between (an input pipeline's function) had the pins
-// counted as that id's, and since the allocator passes on only changes of
+// counted as that id's, and since the allocator passed on only changes of
 // id, they went on being counted so until some other id came. In a Keras
 // fit over tf.data on the CPU harness the training step's backward pass
 // was taken for a step of a pipeline function's id (three of four epochs
