@@ -203,6 +203,15 @@ class Engine:
         inside TensorFlow."""
         self._engine.note_step_id(step_id)
 
+    def note_allocation_site(self, site: int) -> None:
+        """The kernel about to allocate on this thread, named by a nonzero 64-bit hash
+        (0: none known), as TensorFlow's allocator passes its op name's: prefetch then
+        knows a tensor by its size and site, so kernels allocating one size in another
+        order each step do not shift each other's keys."""
+        if not 0 <= site < 1 << 64:
+            raise ValueError(f"site must be an unsigned 64-bit hash, got {site}")
+        self._engine.note_allocation_site(site)
+
     def set_lms_limit(self, nbytes: int) -> None:
         self._engine.set_lms_limit(nbytes)
 

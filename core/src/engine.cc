@@ -654,6 +654,9 @@ Status Engine::Defragment(size_t* bytes_moved) {
 }
 void Engine::StepBegin() { impl_->StepBegin(); }
 void Engine::NoteStepId(int64_t step_id) { impl_->NoteStepId(step_id); }
+void Engine::NoteAllocationSite(uint64_t site) {
+  impl_->NoteAllocationSite(site);
+}
 Status Engine::SetLmsLimit(size_t bytes) { return impl_->SetLmsLimit(bytes); }
 EngineStats Engine::GetStats() const {
   return Ready(*impl_) ? impl_->GetStats() : EngineStats();

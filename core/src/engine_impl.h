@@ -100,13 +100,16 @@ class Buffer {
   Buffer* all_next = nullptr;
   // Prefetch identity: allocation ordinal within the step that created it,
   // or -1 for buffers that outlive steps (keyed by id then). A buffer of the
-  // current or the previous step is known by its size and `size_rank`, its
-  // rank among the allocations of that size in its step (prefetch.cc).
+  // current or the previous step is known by its `key_size` (its size, mixed
+  // with the site that allocated it where one was noted) and `size_rank`,
+  // its rank among the allocations of that key size in its step
+  // (prefetch.cc).
   int64_t step_ordinal = -1;
   int64_t step_created = -1;
+  uint64_t key_size = 0;
   int64_t size_rank = 0;
-  // Its rank among the allocations of its size since a candidate step began
-  // (valid while step_ordinal >= PrefetchState::candidate_ordinal).
+  // Its rank among the allocations of its key size since a candidate step
+  // began (valid while step_ordinal >= PrefetchState::candidate_ordinal).
   int64_t candidate_rank = 0;
 
   bool resident() const { return chunk != BfcArena::kInvalidChunk; }
@@ -529,11 +532,19 @@ class Engine::Impl {
   // takes (TakeNotedStepLocked, at the top of Pin).
   void NoteStepId(int64_t step_id);
   void TakeNotedStepLocked();
+  // Lock-free: the site of the calling thread's next allocations, and the
+  // one it noted last for this engine (0: none).
+  void NoteAllocationSite(uint64_t site);
+  uint64_t CallerSite() const;
   void NoteStepIdLocked(int64_t step_id);
   // Makes library[index] the order this step follows.
   void FollowRecording(size_t index);
   // The library recording a step whose first pin has `key` follows.
   size_t RecordingStartingWith(int64_t key) const;
+  // The library slot the finished step's recording takes: that of the
+  // recording it followed if it is another step of that kind, else the
+  // oldest's once the library is full (SIZE_MAX: a new slot).
+  size_t LibrarySlotFor(const std::vector<int64_t>& recording) const;
   // Moves *cursor past the occurrence of `key` in the learned order nearest
   // to it (beyond the resync window only where a lost cursor relocates);
   // true when that occurrence is close enough to count as in order.
@@ -917,6 +928,7 @@ class Engine::Impl {
     // first pins.
     bool choosing = false;
     std::vector<int64_t> learned;    // the order this step follows
+    size_t learned_index = 0;        // which library recording it is
     // Whether `learned` is the newest recording (victims_learned is its).
     bool learned_is_last = false;
     // learned positions of each key, ascending (built when chosen)
@@ -952,13 +964,14 @@ class Engine::Impl {
     uint64_t found_bits = 0;
     int found_history = 0;
     // Buffers of this and the previous step by key (PrefetchKey), and per
-    // size how many of this step's allocations had it so far.
+    // key size (Buffer::key_size) how many of this step's allocations had it
+    // so far.
     std::unordered_map<int64_t, Buffer*> by_key;
-    std::unordered_map<size_t, int64_t> size_counts;
+    std::unordered_map<uint64_t, int64_t> size_counts;
     // The same since the candidate step's first pin (CandidateKey), and the
     // candidate keys of the pins since then (the recording's tail).
     std::unordered_map<int64_t, Buffer*> candidate_by_key;
-    std::unordered_map<size_t, int64_t> candidate_size_counts;
+    std::unordered_map<uint64_t, int64_t> candidate_size_counts;
     std::vector<int64_t> candidate_keys;
     size_t inflight_bytes = 0;  // prefetched, not yet pinned
     // Per key, how many pins ahead of its use a buffer may be paged in; no

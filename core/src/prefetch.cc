@@ -39,10 +39,13 @@
 // eager ops and small functions between steps stay in the step before.
 // A step of several functions (each its own id, e.g. a custom loop calling a
 // gradient function and then an apply function) yields one recording per
-// function; the last kLibrarySize recordings are kept and each step follows
-// the one in which its first pin comes earliest. The first (tracing) call of
-// a function pins in an order of its own; the next call's recording replaces
-// it, so prefetch starts from the third call.
+// function, and so does a validation step between training steps; the
+// library keeps one recording per kind of step, of the kLibrarySize kinds
+// run most recently (a step's recording replaces the one it followed when
+// most keys are shared, LibrarySlotFor), and each step follows the one in
+// which its first pin comes earliest. The first (tracing) call of a function
+// pins in an order of its own; the next call's recording replaces it, so
+// prefetch starts from the third call.
 //
 // Bounds: prefetched-but-not-yet-pinned bytes stay under
 // prefetch_budget_bytes, except one tensor larger than the budget paged in
@@ -114,8 +117,12 @@ constexpr size_t kPlannedInQueueShare = 4;
 // even within the look-ahead (ShouldPageOutEarlyLocked, which says why and
 // what the bound was measured against).
 constexpr size_t kEarlyOutOverBudgetPins = 32;
-// Recordings kept to choose from (functions per step, times two).
+// Recordings kept to choose from, one per kind of step (functions per step,
+// a validation step between training steps; LibrarySlotFor).
 constexpr size_t kLibrarySize = 4;
+// A recording is of the kind of the one it followed when this percentage of
+// the longer one's pins are keys both have.
+constexpr size_t kSameKindPercent = 50;
 // Pins looked back on before the learned order is trusted: where steps do
 // not repeat (loop iterations that run in parallel allocate in a different
 // order each time) following it would evict what is needed next.
@@ -129,10 +136,21 @@ constexpr int kRankBits = 21;
 constexpr int kSizeBits = 40;
 constexpr int64_t kPreviousStepBit = int64_t{1} << (kRankBits + kSizeBits);
 
-int64_t StepKey(bool previous, size_t size, int64_t rank) {
+// The size field of a key: the size alone, or, where the allocating kernel
+// is known, the size and its site mixed (SplitMix64's finalizer) into the
+// field's bits; a collision costs a missed prefetch, never correctness.
+uint64_t KeySize(size_t size, uint64_t site) {
+  if (site == 0) return size;
+  uint64_t z = site + 0x9e3779b97f4a7c15ULL * (size + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return (z ^ (z >> 31)) >> (64 - kSizeBits);
+}
+
+int64_t StepKey(bool previous, uint64_t size, int64_t rank) {
   const uint64_t max_size = (uint64_t{1} << kSizeBits) - 1;
   const int64_t max_rank = (int64_t{1} << kRankBits) - 1;
-  const uint64_t s = std::min<uint64_t>(size, max_size);
+  const uint64_t s = std::min(size, max_size);
   return (previous ? kPreviousStepBit : 0) |
          static_cast<int64_t>(s << kRankBits) | std::min(rank, max_rank);
 }
@@ -141,16 +159,16 @@ int64_t StepKey(bool previous, size_t size, int64_t rank) {
 int64_t Engine::Impl::PrefetchKey(const Buffer* b) const {
   const int64_t age = prefetch_.step - b->step_created;
   if (b->step_ordinal < 0 || age < 0) return -b->id;
-  return StepKey(age >= 1, b->size, b->size_rank);
+  return StepKey(age >= 1, b->key_size, b->size_rank);
 }
 
 int64_t Engine::Impl::CandidateKey(const Buffer* b) const {
   const PrefetchState& p = prefetch_;
   if (b->step_ordinal < 0) return -b->id;
   if (b->step_created == p.step && b->step_ordinal >= p.candidate_ordinal) {
-    return StepKey(false, b->size, b->candidate_rank);
+    return StepKey(false, b->key_size, b->candidate_rank);
   }
-  return StepKey(true, b->size, b->size_rank);
+  return StepKey(true, b->key_size, b->size_rank);
 }
 
 Buffer* Engine::Impl::BufferForKeyLocked(int64_t key, bool in_candidate) const {
@@ -184,12 +202,18 @@ void Engine::Impl::NoteAllocationLocked(Buffer* b) {
   // kernels in a different order from step to step (parallel loop
   // iterations, an input pipeline's threads), which shifts every later
   // ordinal, while the k-th allocation of a given size is mostly the same
-  // tensor each step.
-  b->size_rank = p.size_counts[b->size]++;
-  p.by_key[StepKey(false, b->size, b->size_rank)] = b;
+  // tensor each step. Per size and site where the allocating kernel is
+  // known: a size many kernels allocate (Keras's SGD: a weight's gradient,
+  // its momentum product and, when the old buffer is still read, its new
+  // value, 2,304 bytes each for every kernel of the CPU harness's deep CNN)
+  // was ranked in the order the executor happened to run them, and a weight
+  // known by another key each step.
+  b->key_size = KeySize(b->size, CallerSite());
+  b->size_rank = p.size_counts[b->key_size]++;
+  p.by_key[StepKey(false, b->key_size, b->size_rank)] = b;
   if (p.has_candidate) {
-    b->candidate_rank = p.candidate_size_counts[b->size]++;
-    p.candidate_by_key[StepKey(false, b->size, b->candidate_rank)] = b;
+    b->candidate_rank = p.candidate_size_counts[b->key_size]++;
+    p.candidate_by_key[StepKey(false, b->key_size, b->candidate_rank)] = b;
   }
 }
 
@@ -221,7 +245,23 @@ struct NotedStep {
   int64_t id = 0;
 };
 thread_local NotedStep noted_step;
+
+// The site the calling thread's kernel noted for its allocations, and for
+// which engine (NoteAllocationSite).
+struct NotedSite {
+  const Engine::Impl* engine = nullptr;
+  uint64_t site = 0;
+};
+thread_local NotedSite noted_site;
 }  // namespace
+
+void Engine::Impl::NoteAllocationSite(uint64_t site) {
+  noted_site = {this, site};
+}
+
+uint64_t Engine::Impl::CallerSite() const {
+  return noted_site.engine == this ? noted_site.site : 0;
+}
 
 void Engine::Impl::NoteStepId(int64_t step_id) {
   // No lock: the id takes effect at this thread's next pin
@@ -327,6 +367,7 @@ void Engine::Impl::FollowRecording(size_t index) {
   PrefetchState& p = prefetch_;
   ++p.host_generation;  // positions name other pins now
   p.learned = p.library[index];
+  p.learned_index = index;
   p.learned_is_last = index + 1 == p.library.size();
   p.lost_at = SIZE_MAX;
   p.positions.clear();
@@ -410,9 +451,9 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base,
       b->step_ordinal -= ordinal_base;
       b->step_created = p.step + 1;
       b->size_rank = b->candidate_rank;
-      by_key[StepKey(false, b->size, b->size_rank)] = b;
+      by_key[StepKey(false, b->key_size, b->size_rank)] = b;
     } else {
-      by_key[StepKey(true, b->size, b->size_rank)] = b;
+      by_key[StepKey(true, b->key_size, b->size_rank)] = b;
     }
   }
   // The candidate's pins were keyed as the new step's when they came.
@@ -444,7 +485,8 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base,
     ++counters_.num_prefetch_steps;
     p.victims_learned = std::move(victims_finished);
     PlanStepLocked(finished_events);
-    if (p.library.size() == kLibrarySize) p.library.erase(p.library.begin());
+    const size_t slot = LibrarySlotFor(p.recording);
+    if (slot != SIZE_MAX) p.library.erase(p.library.begin() + slot);
     p.library.push_back(std::move(p.recording));
     // Until this step's first pins say otherwise, it follows the last one.
     FollowRecording(p.library.size() - 1);
@@ -711,6 +753,31 @@ size_t Engine::Impl::RecordingStartingWith(int64_t key) const {
     }
   }
   return best;
+}
+
+size_t Engine::Impl::LibrarySlotFor(
+    const std::vector<int64_t>& recording) const {
+  // The library keeps one recording per kind of step, the most recently
+  // run kinds: a recording replaces the one it followed when at least
+  // kSameKindPercent of the longer of the two are keys both have (a set
+  // measure, as the orders of two steps of a kind differ in places; the
+  // longer, as a validation step's few hundred pins are nearly all found in
+  // the training step's order, which has four times as many). Evicting
+  // the oldest instead, a Keras fit whose validation ran kLibrarySize
+  // steps or more left only validation orders: the first training step of
+  // every epoch followed none of its own and waited for all it paged in
+  // (the CPU harness's fit with six validation steps: 10.9 MB of its 11 MB
+  // on demand in that step, 0.3-0.5 MB in the steps after it).
+  const PrefetchState& p = prefetch_;
+  if (!p.learned.empty() && p.learned_index < p.library.size()) {
+    size_t shared = 0;
+    for (int64_t key : recording) shared += p.positions.count(key);
+    const size_t longer = std::max(recording.size(), p.learned.size());
+    if (shared * 100 >= longer * kSameKindPercent) {
+      return p.learned_index;
+    }
+  }
+  return p.library.size() == kLibrarySize ? 0 : SIZE_MAX;
 }
 
 bool Engine::Impl::AdvanceCursorLocked(int64_t key, size_t* cursor) {

@@ -403,6 +403,10 @@ PYBIND11_MODULE(_core, m) {
            [](PyEngine& e, int64_t id) {
              e.holder().engine->NoteStepId(id);
            })
+      .def("note_allocation_site",
+           [](PyEngine& e, uint64_t site) {
+             e.holder().engine->NoteAllocationSite(site);
+           })
       .def("set_lms_limit", &PyEngine::SetLmsLimit)
       .def("check_invariants", &PyEngine::CheckInvariants)
       .def("free_space", &PyEngine::FreeSpace)

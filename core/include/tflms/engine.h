@@ -218,6 +218,12 @@ class Engine {
   // (prefetch.cc says how it copes with eager ops, several functions per
   // step and the first, tracing step).
   void NoteStepId(int64_t step_id);
+  // Lock-free: the calling thread's next allocations are made by the kernel
+  // `site` names (a hash of its op name; 0: none known). Prefetch then knows
+  // a buffer by its size and site rather than its size alone, so kernels
+  // that allocate a size in another order from step to step (an optimizer's
+  // copy-on-write updates) do not shift each other's keys (prefetch.cc).
+  void NoteAllocationSite(uint64_t site);
   // Changes the reclaim threshold at run time (0 = memory_limit).
   Status SetLmsLimit(size_t bytes);
 

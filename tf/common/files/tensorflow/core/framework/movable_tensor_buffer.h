@@ -93,6 +93,10 @@ class MovableAllocator {
   // A kernel of step `step_id` (OpKernelContext::step_id) is about to pin its
   // inputs. Allocators that learn a step's order to prefetch override it.
   virtual void NoteStepId(int64_t /*step_id*/) {}
+  // The same kernel's allocations on this thread, until the next kernel's
+  // note, come from the site `site` names (a nonzero hash of the kernel's
+  // name): an allocator that learns a step's order may know tensors by it.
+  virtual void NoteAllocationSite(uint64_t /*site*/) {}
   // A kernel is about to pin these buffers together (every element of a
   // list or array it reads): an allocator that places buffers may bring
   // them together first, so that its output finds a gap. Best effort.

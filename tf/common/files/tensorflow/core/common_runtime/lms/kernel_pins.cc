@@ -16,6 +16,8 @@ limitations under the License.
 #include "tensorflow/core/common_runtime/lms/kernel_pins.h"
 
 #include <atomic>
+#include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <utility>
@@ -391,11 +393,18 @@ void ReleaseOutputCreationPins(OpKernelContext* context) {
 namespace {
 
 // Tells the device's LMS allocator which step the kernel belongs to, so that
-// the engine finds step boundaries (and prefetches) with nobody marking them.
+// the engine finds step boundaries (and prefetches) with nobody marking them,
+// and which kernel allocates next on this thread: the engine then knows an
+// output by its size and its kernel, not by its size alone, whose rank the
+// executor's order shuffles (an optimizer's updates, all of one size).
 void NoteKernelStep(OpKernelContext* context) {
   MovableAllocator* movable = FindMovableAllocator(
       context->device()->GetAllocator(AllocatorAttributes()));
-  if (movable != nullptr) movable->NoteStepId(context->step_id());
+  if (movable == nullptr) return;
+  movable->NoteStepId(context->step_id());
+  const uint64_t site =
+      std::hash<absl::string_view>()(context->op_kernel().name_view());
+  movable->NoteAllocationSite(site == 0 ? 1 : site);
 }
 
 }  // namespace

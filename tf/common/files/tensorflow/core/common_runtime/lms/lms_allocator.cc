@@ -341,6 +341,10 @@ void LmsAllocator::NoteStepId(int64_t step_id) {
   engine_->NoteStepId(step_id);
 }
 
+void LmsAllocator::NoteAllocationSite(uint64_t site) {
+  engine_->NoteAllocationSite(site);
+}
+
 void LmsAllocator::GatherMovable(void* const* handles, size_t n) {
   // Most kernels that read a list read a few elements: those cost no lock.
   if (n < tflms::Engine::kMinGatherGroup) return;
