@@ -612,6 +612,57 @@ def test_a_step_that_lost_its_place_in_the_order_finds_it_again() -> None:
     assert after["prefetch_pins_in_order"] == 92 and after["prefetch_hits"] > 0, after
 
 
+def run_steps_whose_loss_reads_scalars_again(odd_step: int, steps: int = 5) -> list[dict[str, int]]:
+    """A forward pass of 24 layers, each reading the activation before it; a loss that
+    reads the last activation and then 40 long-lived scalars; the backward pass reading
+    the activations back in reverse. In `odd_step` the loss reads two of its first
+    scalars again at its end (a metric's update, as TensorFlow's executor may run it
+    there or earlier). Returns the stats of each step's backward pass."""
+    eng = modelled_engine(True)
+    act = 4 * MiB
+    per_op = act / 24e9 * 1.5
+    scalars = [eng.allocate(4096, pinned=False) for _ in range(40)]
+    per_step = []
+    for step in range(steps):
+        eng.step_begin()
+        acts: list[tflms.Buffer] = []
+        for _ in range(24):
+            if acts:
+                eng.pin(acts[-1])
+            a = eng.allocate(act, pinned=True)
+            eng.compute(per_op)
+            if acts:
+                eng.unpin(acts[-1])
+            eng.unpin(a)
+            acts.append(a)
+        reads = [acts[-1], *scalars]
+        if step == odd_step:
+            reads += [scalars[5], scalars[2]]
+        for r in reads:
+            eng.pin(r)
+            eng.compute(per_op / 64)
+            eng.unpin(r)
+        before = eng.stats()
+        read_back_and_free(eng, acts, per_op)
+        after = eng.stats()
+        per_step.append({k: after[k] - before[k] for k in after})
+    eng.check_invariants()
+    return per_step
+
+
+def test_keys_found_far_from_the_step_do_not_pull_it_back_alone() -> None:
+    # The two extra reads are found 35 and 38 pins behind where the step is. Moving
+    # there (the engine before 1 December 2026), the cursor sat just after the forward
+    # pass, so the backward pass found each activation at its forward read, walking
+    # backwards: all 24 pins "in order", none prefetched, all 36 MiB paged in on
+    # demand. A far match now moves the cursor only when the next pin agrees.
+    steps = run_steps_whose_loss_reads_scalars_again(odd_step=3)
+    usual, odd = steps[2], steps[3]
+    assert usual["prefetch_hits"] > 0 and usual["bytes_paged_in_on_demand"] == 0, usual
+    assert odd["prefetch_hits"] == usual["prefetch_hits"], odd
+    assert odd["bytes_paged_in_on_demand"] == 0, odd
+
+
 def run_steps_with_a_shuffled_optimizer(sites: bool, steps: int = 8) -> list[dict[str, int]]:
     """Twelve layers: the forward pass reads each weight and keeps an activation, the
     backward pass reads them back and makes each weight's gradient; then an optimizer

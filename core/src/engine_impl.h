@@ -937,6 +937,10 @@ class Engine::Impl {
     // Where the last pin found only beyond kResyncWindow, once in the
     // learned order, placed the step (SIZE_MAX: none since one was found).
     size_t lost_at = SIZE_MAX;
+    // Where the last pin found beyond kNearPins but within kResyncWindow
+    // would have placed the step, not followed until the next pin found
+    // agrees (AdvanceCursorLocked); SIZE_MAX: none pending.
+    size_t far_at = SIZE_MAX;
     // Step ids seen at the pin sites (NoteStepId): the id of the last kernel,
     // the id of the step being recorded, and a new id that may begin the
     // next step (with where it first appeared and its pins since).

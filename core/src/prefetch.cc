@@ -20,8 +20,10 @@
 // extra or reordered allocation; a rank per size shifts only with that size's.
 // Each pin is looked for up to kResyncWindow pins either side of the cursor,
 // the nearest occurrence winning, and counts as in order within kNearPins;
-// a cursor left further behind than that is moved by two keys that each come
-// once in the order (kRelocatePins).
+// one found further away moves the cursor only when the next pin found
+// comes just after it (two pins agreeing), and a cursor left further behind
+// than the window is moved by two keys that each come once in the order
+// (kRelocatePins).
 // A mismatch only costs a missed prefetch, never correctness: every key is
 // resolved to a live buffer (by_key, by_id_) before it is used.
 //
@@ -370,6 +372,7 @@ void Engine::Impl::FollowRecording(size_t index) {
   p.learned_index = index;
   p.learned_is_last = index + 1 == p.library.size();
   p.lost_at = SIZE_MAX;
+  p.far_at = SIZE_MAX;
   p.positions.clear();
   for (size_t i = 0; i < p.learned.size(); ++i) {
     p.positions[p.learned[i]].push_back(i);
@@ -496,6 +499,7 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base,
   p.victims_now = std::move(victims_tail);
   p.recording = std::move(tail);
   p.cursor = 0;
+  p.far_at = SIZE_MAX;
   ++p.step;
   p.next_ordinal -= ordinal_base;
   p.by_key = std::move(by_key);
@@ -823,13 +827,40 @@ bool Engine::Impl::AdvanceCursorLocked(int64_t key, size_t* cursor) {
     }
     return false;
   }
-  prefetch_.lost_at = SIZE_MAX;
+  PrefetchState& p = prefetch_;
+  p.lost_at = SIZE_MAX;
   // In order only if near where the step had got to: an order reshuffled
   // every step (parallel loop iterations) finds most keys within the window
   // somewhere, and must not be trusted for it.
   const size_t distance = best >= *cursor ? best - *cursor : *cursor - best;
-  *cursor = best + 1;
-  return distance <= kNearPins;
+  if (distance <= kNearPins) {
+    *cursor = best + 1;
+    p.far_at = SIZE_MAX;
+    return true;
+  }
+  // Further away, the cursor moves only where the pin before was also found
+  // far away, just before this one: two pins agreeing on where the step is.
+  // A key that recurs (a metric's scalar, a loss term, a weight read again)
+  // is found somewhere within the window wherever the step is, and moving
+  // to wherever that was pulled the cursor back, one such key after
+  // another, out of the step: in a Keras fit on the CPU harness, a training
+  // step whose kernels ran in another order than the recorded one (the
+  // variable reads all before the forward pass rather than along it) was
+  // pulled from the loss back into the forward pass, then matched its
+  // backward pass's activations there, walking backwards, and found 684 of
+  // its 1,760 pins in order (the same step in a run with the recorded order:
+  // 1,752). A step shifted against the order is followed from its third
+  // pin there (the second moves the cursor; counted in order, it let orders
+  // reshuffled every step be trusted where two pins agreed by chance).
+  auto confirmed = std::upper_bound(pos.begin(), pos.end(), p.far_at);
+  if (p.far_at != SIZE_MAX && confirmed != pos.end() &&
+      *confirmed - p.far_at <= kNearPins) {
+    *cursor = *confirmed + 1;
+    p.far_at = SIZE_MAX;
+    return false;
+  }
+  p.far_at = best;
+  return false;
 }
 
 std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
@@ -857,6 +888,7 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
       }
     }
     p.cursor = 0;
+    p.far_at = SIZE_MAX;
     for (int64_t k : p.recording) AdvanceCursorLocked(k, &p.cursor);
     p.choosing = false;
   }
