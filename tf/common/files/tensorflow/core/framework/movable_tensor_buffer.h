@@ -90,6 +90,10 @@ class MovableAllocator {
   virtual void UnpinMovable(void* handle) = 0;
   virtual absl::Status MakeUnmovable(void* handle, void** data) = 0;
   virtual size_t MovableSize(const void* handle) const = 0;
+  // Whether NoteStepId and NoteAllocationSite are of use to this allocator
+  // (it learns a step's order to prefetch); pin sites skip both otherwise,
+  // hashing no kernel name.
+  virtual bool LearnsStepOrder() const { return false; }
   // A kernel of step `step_id` (OpKernelContext::step_id) is about to pin its
   // inputs. Allocators that learn a step's order to prefetch override it.
   virtual void NoteStepId(int64_t /*step_id*/) {}

@@ -400,7 +400,7 @@ namespace {
 void NoteKernelStep(OpKernelContext* context) {
   MovableAllocator* movable = FindMovableAllocator(
       context->device()->GetAllocator(AllocatorAttributes()));
-  if (movable == nullptr) return;
+  if (movable == nullptr || !movable->LearnsStepOrder()) return;
   movable->NoteStepId(context->step_id());
   const uint64_t site =
       std::hash<absl::string_view>()(context->op_kernel().name_view());

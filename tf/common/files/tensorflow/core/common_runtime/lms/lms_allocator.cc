@@ -334,6 +334,10 @@ absl::Status LmsAllocator::PageInWithRetry(void* handle, void** data,
   return absl::OkStatus();
 }
 
+bool LmsAllocator::LearnsStepOrder() const {
+  return engine_->options().prefetch_enabled;
+}
+
 void LmsAllocator::NoteStepId(int64_t step_id) {
   // Every kernel's: the engine keeps it for the calling thread without a
   // lock. Passing on only changes of one id shared by all threads lost ids

@@ -98,6 +98,7 @@ class LmsAllocator : public tsl::Allocator, public MovableAllocator {
   void UnpinMovable(void* handle) override;
   absl::Status MakeUnmovable(void* handle, void** data) override;
   size_t MovableSize(const void* handle) const override;
+  bool LearnsStepOrder() const override;
   void NoteStepId(int64_t step_id) override;
   void NoteAllocationSite(uint64_t site) override;
   void GatherMovable(void* const* handles, size_t n) override;
