@@ -44,7 +44,7 @@ test: install ## Every test: C++ engine (plain, ASan+UBSan, TSan), CUDA build, r
 	$(MAKE) -j$(JOBS) test-binaries
 	$(MAKE) -j$(JOBS) --output-sync=target sanitize-tsan cpp-test sanitize-asan $(if $(HAVE_NVCC),cuda-test) lint
 	$(PY) -c "import tflms.tfcpu as t; t.library()"  # built once here, not by each worker
-	$(PY) -m pytest -q -m "not slow" $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist worksteal) tests
+	$(PY) -m pytest -q -m "not slow" --durations=20 $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist worksteal) tests
 	$(MAKE) verify
 	$(MAKE) addon-check
 

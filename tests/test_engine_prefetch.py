@@ -55,6 +55,12 @@ def keep_activations(
     return acts
 
 
+def stats_since(eng: tflms.Engine, before: dict[str, int]) -> dict[str, int]:
+    """What each counter gained since `before` (a step's own figures)."""
+    after = eng.stats()
+    return {k: after[k] - before[k] for k in after}
+
+
 def read_back_and_free(eng: tflms.Engine, acts: list[tflms.Buffer], per_op: float) -> None:
     """The backward pass: each activation read once, in reverse, then freed."""
     for a in reversed(acts):
@@ -368,9 +374,8 @@ def test_weights_made_before_the_first_step_are_followed_from_the_second() -> No
             eng.unpin(a)
             eng.unpin(w)
             eng.free(a)
-        after = eng.stats()
         if step == 1:
-            second = {k: after[k] - before[k] for k in after}
+            second = stats_since(eng, before)
     # 12 weight pins forward, 24 pins backward (allocations are pinned, not pins).
     assert second["prefetch_pins"] == 36
     assert second["prefetch_pins_in_order"] == second["prefetch_pins"]
@@ -412,8 +417,7 @@ def run_interrupted_steps(interrupt: bool, steps: int = 6) -> dict[str, int]:
         acts = forward_with_weights(eng, weights, MiB, per_op)
         acts += keep_activations(eng, 12, size, per_op, pipeline)
         read_back_and_free(eng, acts, per_op)
-        after = eng.stats()
-        last = {k: after[k] - before[k] for k in after}
+        last = stats_since(eng, before)
     eng.check_invariants()
     return last
 
@@ -472,8 +476,7 @@ def run_steps_with_a_pipeline_thread(race: bool, steps: int = 6) -> dict[str, in
             eng.unpin(w)
         acts += keep_activations(eng, 12, size, per_op)
         read_back_and_free(eng, acts, per_op)
-        after = eng.stats()
-        last = {k: after[k] - before[k] for k in after}
+        last = stats_since(eng, before)
     eng.check_invariants()
     return last
 
@@ -542,8 +545,7 @@ def test_weights_a_step_replaced_keep_their_keys_across_a_validation_step(
             eng.free(w)
             replaced.append(new)
         weights = replaced
-        after = eng.stats()
-        return {k: after[k] - confirmed[k] for k in after}
+        return stats_since(eng, confirmed)
 
     def validate() -> None:
         nonlocal step_id
@@ -589,8 +591,7 @@ def run_steps_that_read_other_weights(swap_step: int, steps: int = 5) -> list[di
             eng.unpin(w)
         acts = keep_activations(eng, 12, act, per_op)
         read_back_and_free(eng, acts, per_op)
-        after = eng.stats()
-        per_step.append({k: after[k] - before[k] for k in after})
+        per_step.append(stats_since(eng, before))
     eng.check_invariants()
     return per_step
 
@@ -644,8 +645,7 @@ def run_steps_whose_loss_reads_scalars_again(odd_step: int, steps: int = 5) -> l
             eng.unpin(r)
         before = eng.stats()
         read_back_and_free(eng, acts, per_op)
-        after = eng.stats()
-        per_step.append({k: after[k] - before[k] for k in after})
+        per_step.append(stats_since(eng, before))
     eng.check_invariants()
     return per_step
 
@@ -710,8 +710,7 @@ def run_steps_with_a_shuffled_optimizer(sites: bool, steps: int = 8) -> list[dic
             eng.free(acts[i])
             grads.append(g)
         grads.reverse()
-        after = eng.stats()
-        per_step.append({k: after[k] - before[k] for k in after})
+        per_step.append(stats_since(eng, before))
         for i in rng.sample(range(layers), layers):
             kernel(f"sgd/mul{i}")
             eng.pin(grads[i])

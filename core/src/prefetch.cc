@@ -852,12 +852,13 @@ bool Engine::Impl::AdvanceCursorLocked(int64_t key, size_t* cursor) {
   // 1,752). A step shifted against the order is followed from its third
   // pin there (the second moves the cursor; counted in order, it let orders
   // reshuffled every step be trusted where two pins agreed by chance).
-  auto confirmed = std::upper_bound(pos.begin(), pos.end(), p.far_at);
-  if (p.far_at != SIZE_MAX && confirmed != pos.end() &&
-      *confirmed - p.far_at <= kNearPins) {
-    *cursor = *confirmed + 1;
-    p.far_at = SIZE_MAX;
-    return false;
+  if (p.far_at != SIZE_MAX) {
+    auto confirmed = std::upper_bound(pos.begin(), pos.end(), p.far_at);
+    if (confirmed != pos.end() && *confirmed - p.far_at <= kNearPins) {
+      *cursor = *confirmed + 1;
+      p.far_at = SIZE_MAX;
+      return false;
+    }
   }
   p.far_at = best;
   return false;
