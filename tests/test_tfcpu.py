@@ -638,15 +638,20 @@ def test_keras_fit_with_more_validation_steps_than_recordings_is_bit_identical()
     # at one or all three epoch starts: that step's kernels ran in another order than
     # the recorded one's, and keys found far from where the step was pulled its place
     # back out of the step (the engine test test_keys_found_far_from_the_step_do_not_
-    # pull_it_back_alone). Since that was mended, 18 runs three at a time: 0.1-0.8 MB in
-    # every such step. Too few runs to bound a rare loss, so this test asserts the
-    # values and the reports, not the bytes.
+    # pull_it_back_alone). Since that was mended, 62 runs two or three at a time (20 with
+    # a logging build): 0-0.8 MB in 185 of the 186 such steps, all 10.6 MB in one (the
+    # first epoch start of one run, whose executor ran 226 more pins than the others).
+    # So one lost epoch start is allowed, not two: with the library evicting the oldest
+    # recording (stop 62's engine) every epoch start was lost, and with far matches
+    # followed alone two of twelve runs lost all three.
     result = run_case("keras_fit_validated", "prefetch")
     assert program_output(result) == stock_output("keras_fit_validated")
     firsts = result["first_after_validation"]
     assert len(firsts) == 3, firsts
     assert all(0 <= on_demand <= paged_in for paged_in, on_demand in firsts), firsts
     assert sum(paged_in for paged_in, _ in firsts) > 0, firsts
+    followed = [on_demand < paged_in / 2 for paged_in, on_demand in firsts]
+    assert sum(followed) >= 2, firsts
     assert result["stats"]["num_ooms"] == 0
 
 
