@@ -176,6 +176,13 @@ def add_parsers(sub: Any) -> None:
         "(20 stretches of equal ideal time: the lag each adds, and how much of it is the "
         "compute stream waiting for page-ins)",
     )
+    out.add_argument(
+        "--placed",
+        action="store_true",
+        help="also place the ideal schedule (copies in issue order) with addresses: best fit, "
+        "tensors moved at the device's copy rate where a request finds no hole (what addresses "
+        "cost an offline schedule; docs/how-it-works.md)",
+    )
     out.add_argument("--plot", metavar="FILE.png", help="draw the memory timeline of a step")
     out.add_argument("--force", action="store_true", help="overwrite the --plot file")
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -444,6 +451,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         record=bool(args.plot),
         progress=progress,
         behind=args.behind,
+        placed=args.placed,
     )
     if args.max_batch:
         try:
@@ -514,6 +522,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(format_behind(report["behind_ideal"]))
         elif args.behind:
             print("\nNo comparison with the ideal schedule: the step or the schedule does not fit.")
+        if "placed_ideal" in report:
+            from tflms.planner.placed import format_placed
+
+            print()
+            print(format_placed(report["placed_ideal"]))
+        elif args.placed:
+            print("\nNo placed ideal schedule: the ideal schedule does not fit.")
         if "plot" in report:
             print(f"\nmemory timeline: {report['plot']}")
     return 0

@@ -13,6 +13,7 @@ from tflms.planner.behind import behind_ideal, behind_json
 from tflms.planner.gpu import GpuModel
 from tflms.planner.host import HostSide
 from tflms.planner.machines import Pairing, get_pairing, real_pairing
+from tflms.planner.placed import PlacedIdeal, placed_ideal
 from tflms.planner.replay import (
     DEFAULT_LOOKAHEAD,
     LAUNCH_QUEUE_DEPTH,
@@ -224,18 +225,27 @@ def lms_json(
     return out
 
 
+def _schedule_on(machine: Machine) -> dict[str, Any]:
+    """What the offline schedules (yardsticks.py, placed.py) take of the machine."""
+    cfg = machine.config()
+    return {
+        "device_memory": cfg.device_memory,
+        "link_gbps": cfg.link_gbps,
+        "launch_s": machine.gpu.launch_overhead_us * 1e-6,
+        "latency_s": cfg.link_latency_us * 1e-6,
+        "launch_queue_depth": cfg.launch_queue_depth,
+    }
+
+
 def machine_yardsticks(plan: StepPlan, machine: Machine, steps: int) -> Yardsticks:
     """LB2 and the Ideal schedule for this plan on this machine (yardsticks.py)."""
-    cfg = machine.config()
-    return yardsticks(
-        plan,
-        cfg.device_memory,
-        cfg.link_gbps,
-        machine.gpu.launch_overhead_us * 1e-6,
-        cfg.link_latency_us * 1e-6,
-        steps=steps,
-        launch_queue_depth=cfg.launch_queue_depth,
-        host_limit=machine.host_memory,
+    return yardsticks(plan, steps=steps, host_limit=machine.host_memory, **_schedule_on(machine))
+
+
+def machine_placed_ideal(plan: StepPlan, machine: Machine, steps: int) -> PlacedIdeal:
+    """The in-order Ideal placed with addresses on this machine (placed.py)."""
+    return placed_ideal(
+        plan, device_copy_gbps=machine.gpu.device_copy_gbps, steps=steps, **_schedule_on(machine)
     )
 
 
@@ -250,6 +260,7 @@ def simulate_step(
     record: bool = False,
     progress: bool = False,
     behind: bool = False,
+    placed: bool = False,
 ) -> tuple[dict[str, Any], ReplayResult | None]:
     """Fit and step time at the trace's batch. Returns the report and the recorded LMS replay.
 
@@ -259,6 +270,8 @@ def simulate_step(
     behind: also say where in the step the chosen variant falls behind the Ideal schedule,
     stretch by stretch (behind.py; the report's "behind_ideal", absent where either does
     not fit).
+    placed: also place the in-order Ideal with addresses (placed.py; the report's
+    "placed_ideal", absent where the Ideal does not fit).
     """
     record = record or behind
     plan = build_plan(trace, machine.gpu)
@@ -322,6 +335,8 @@ def simulate_step(
         },
         "lms": [lms_json(r, unlimited_s, plan, ys) for r in runs],
     }
+    if placed and ys.ideal_in_order.fits:
+        report["placed_ideal"] = machine_placed_ideal(plan, machine, steps).to_json()
     if behind and recorded is not None and recorded.fits and ys.ideal.fits:
         samples = recorded.samples
         parts = behind_ideal(
