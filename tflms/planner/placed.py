@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tflms.planner.replay import StepPlan
@@ -217,8 +217,10 @@ def placed_ideal(
     steps: int = 2,
     launch_queue_depth: int = 0,
     slacks: Sequence[float] = DEFAULT_SLACKS,
+    on_slack: Callable[[], None] | None = None,
 ) -> PlacedIdeal:
-    """The in-order Ideal placed with addresses at each of `slacks` (see the module's doc)."""
+    """The in-order Ideal placed with addresses at each of `slacks` (see the module's doc);
+    `on_slack` hears when each slack's schedule is done (a progress bar)."""
     if device_copy_gbps <= 0:
         raise ValueError(f"device_copy_gbps must be positive, got {device_copy_gbps}")
     for slack in slacks:
@@ -232,31 +234,42 @@ def placed_ideal(
     in_order_s = _timeline(plan, whole, *timing).step_time_s
     runs: list[PlacedRun] = []
     for slack in slacks:
-        mp = (
-            whole if slack == 0.0 else _memory_plan(plan, int(device_memory * (1.0 - slack)), steps)
-        )
-        if not isinstance(mp, _MemoryPlan):
+        memory = int(device_memory * (1.0 - slack))
+        mp = whole if slack == 0.0 else _memory_plan(plan, memory, steps)
+        if isinstance(mp, _MemoryPlan):
+            runs.append(_placed_run(slack, plan, mp, b, device_memory, device_copy_gbps, timing))
+        else:
             runs.append(PlacedRun(slack, fits=False))
-            continue
-        placement = _place(mp, b, device_memory)
-        measured = placement.moved_at[(steps - 1) * mp.n :]
-        moved_plan = dataclasses.replace(
-            plan, kernel_s=_with_moves(plan.kernel_s, measured, device_copy_gbps)
-        )
-        res = _timeline(moved_plan, mp, *timing)
-        runs.append(
-            PlacedRun(
-                slack,
-                fits=True,
-                step_time_s=res.step_time_s,
-                failed_placements=placement.failed[-1],
-                needs_kernel_inputs=placement.kernel_inputs[-1],
-                moved_bytes=sum(measured),
-                compactions=placement.compactions[-1],
-                d2h_bytes=res.d2h_bytes,
-            )
-        )
+        if on_slack is not None:
+            on_slack()
     return PlacedIdeal(in_order_s, tuple(runs))
+
+
+def _placed_run(
+    slack: float,
+    plan: StepPlan,
+    mp: _MemoryPlan,
+    b: Buffers,
+    device_memory: int,
+    device_copy_gbps: float,
+    timing: tuple[float, float, float, int, bool],
+) -> PlacedRun:
+    placement = _place(mp, b, device_memory)
+    measured = placement.moved_at[(mp.steps - 1) * mp.n :]
+    moved_plan = dataclasses.replace(
+        plan, kernel_s=_with_moves(plan.kernel_s, measured, device_copy_gbps)
+    )
+    res = _timeline(moved_plan, mp, *timing)
+    return PlacedRun(
+        slack,
+        fits=True,
+        step_time_s=res.step_time_s,
+        failed_placements=placement.failed[-1],
+        needs_kernel_inputs=placement.kernel_inputs[-1],
+        moved_bytes=sum(measured),
+        compactions=placement.compactions[-1],
+        d2h_bytes=res.d2h_bytes,
+    )
 
 
 def _with_moves(

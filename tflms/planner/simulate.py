@@ -13,7 +13,7 @@ from tflms.planner.behind import behind_ideal, behind_json
 from tflms.planner.gpu import GpuModel
 from tflms.planner.host import HostSide
 from tflms.planner.machines import Pairing, get_pairing, real_pairing
-from tflms.planner.placed import PlacedIdeal, placed_ideal
+from tflms.planner.placed import DEFAULT_SLACKS, PlacedIdeal, placed_ideal
 from tflms.planner.replay import (
     DEFAULT_LOOKAHEAD,
     LAUNCH_QUEUE_DEPTH,
@@ -242,11 +242,21 @@ def machine_yardsticks(plan: StepPlan, machine: Machine, steps: int) -> Yardstic
     return yardsticks(plan, steps=steps, host_limit=machine.host_memory, **_schedule_on(machine))
 
 
-def machine_placed_ideal(plan: StepPlan, machine: Machine, steps: int) -> PlacedIdeal:
+def machine_placed_ideal(
+    plan: StepPlan, machine: Machine, steps: int, progress: bool = False
+) -> PlacedIdeal:
     """The in-order Ideal placed with addresses on this machine (placed.py)."""
-    return placed_ideal(
-        plan, device_copy_gbps=machine.gpu.device_copy_gbps, steps=steps, **_schedule_on(machine)
-    )
+    bar = progress_bar("placing the ideal schedule", len(DEFAULT_SLACKS), progress, "slack")
+    try:
+        return placed_ideal(
+            plan,
+            device_copy_gbps=machine.gpu.device_copy_gbps,
+            steps=steps,
+            on_slack=lambda: bar.update(1),
+            **_schedule_on(machine),
+        )
+    finally:
+        bar.close()
 
 
 def simulate_step(
@@ -336,7 +346,7 @@ def simulate_step(
         "lms": [lms_json(r, unlimited_s, plan, ys) for r in runs],
     }
     if placed and ys.ideal_in_order.fits:
-        report["placed_ideal"] = machine_placed_ideal(plan, machine, steps).to_json()
+        report["placed_ideal"] = machine_placed_ideal(plan, machine, steps, progress).to_json()
     if behind and recorded is not None and recorded.fits and ys.ideal.fits:
         samples = recorded.samples
         parts = behind_ideal(
