@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import pytest
 
@@ -59,6 +59,14 @@ def stats_since(eng: tflms.Engine, before: dict[str, int]) -> dict[str, int]:
     """What each counter gained since `before` (a step's own figures)."""
     after = eng.stats()
     return {k: after[k] - before[k] for k in after}
+
+
+def read_each(eng: tflms.Engine, bufs: Iterable[tflms.Buffer], per_op: float) -> None:
+    """One op per buffer, in the order given: pins it, runs, unpins it."""
+    for b in bufs:
+        eng.pin(b)
+        eng.compute(per_op)
+        eng.unpin(b)
 
 
 def read_back_and_free(eng: tflms.Engine, acts: list[tflms.Buffer], per_op: float) -> None:
@@ -161,10 +169,7 @@ def run_two_function_steps(marking: str, steps: int = 5) -> tuple[dict[str, int]
         before = eng.stats()["prefetch_hits"]
         step_id += 1
         enter(step_id)  # the apply function
-        for w in reversed(weights):
-            eng.pin(w)
-            eng.compute(per_op)
-            eng.unpin(w)
+        read_each(eng, reversed(weights), per_op)
         hits.append(eng.stats()["prefetch_hits"] - before)
         step_id += 1
         enter(step_id)  # an eager op: too few pins to be a step
@@ -302,10 +307,7 @@ def test_a_tensor_larger_than_the_budget_is_prefetched_into_free_memory() -> Non
             eng.compute(1e-4)
             eng.unpin(s)
             smalls.append(s)
-        for s in smalls:
-            eng.pin(s)
-            eng.compute(1e-3)
-            eng.unpin(s)
+        read_each(eng, smalls, 1e-3)
         eng.pin(big)
         eng.compute(1e-3)
         eng.unpin(big)
@@ -585,10 +587,7 @@ def run_steps_that_read_other_weights(swap_step: int, steps: int = 5) -> list[di
     for step in range(steps):
         eng.step_begin()
         before = eng.stats()
-        for w in weights[80:] if step == swap_step else weights[:80]:
-            eng.pin(w)
-            eng.compute(per_op / 8)
-            eng.unpin(w)
+        read_each(eng, weights[80:] if step == swap_step else weights[:80], per_op / 8)
         acts = keep_activations(eng, 12, act, per_op)
         read_back_and_free(eng, acts, per_op)
         per_step.append(stats_since(eng, before))
@@ -639,10 +638,7 @@ def run_steps_whose_loss_reads_scalars_again(odd_step: int, steps: int = 5) -> l
         reads = [acts[-1], *scalars]
         if step == odd_step:
             reads += [scalars[5], scalars[2]]
-        for r in reads:
-            eng.pin(r)
-            eng.compute(per_op / 64)
-            eng.unpin(r)
+        read_each(eng, reads, per_op / 64)
         before = eng.stats()
         read_back_and_free(eng, acts, per_op)
         per_step.append(stats_since(eng, before))
