@@ -152,3 +152,11 @@ def test_the_cli_flag_prints_the_table_and_puts_it_in_the_json(
 def test_a_plan_no_device_holds_is_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="some op pins more than the device"):
         placed_ideal(fragmenting_plan(False), 3 * KB, KIB_PER_S, KIB_PER_S)
+
+
+def test_a_plan_without_ops_places_nothing() -> None:
+    empty = StepPlan([], [], [], [], [], [], [], ())
+    res = placed_ideal(empty, 4 * KB, KIB_PER_S, KIB_PER_S, slacks=(0.0, 0.05))
+    assert res.in_order_s == 0.0
+    assert [(r.fits, r.step_time_s, r.moved_bytes) for r in res.runs] == [(True, 0.0, 0)] * 2
+    assert "-" in format_placed(res.to_json())

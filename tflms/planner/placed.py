@@ -228,6 +228,8 @@ def placed_ideal(
             raise ValueError(f"a slack is a fraction of the device in [0, 1), got {slack}")
     whole = _memory_plan(plan, device_memory, steps)
     if not isinstance(whole, _MemoryPlan):
+        if whole.fits:  # a plan without ops: nothing to place
+            return PlacedIdeal(0.0, tuple(PlacedRun(s, fits=True) for s in slacks))
         raise ValueError("the ideal schedule does not fit: some op pins more than the device")
     b = plan_buffers(plan)
     timing = (link_gbps * 1e9, launch_s, latency_s, launch_queue_depth, True)
@@ -295,7 +297,7 @@ def format_placed(report: dict[str, Any]) -> str:
             [
                 f"{r['slack']:.0%}",
                 f"{r['step_time_s']:.3f} s",
-                f"{r['step_time_s'] / report['in_order_s']:.3f}x",
+                f"{r['step_time_s'] / report['in_order_s']:.3f}x" if report["in_order_s"] else "-",
                 str(r["failed_placements"]),
                 str(r["needs_kernel_inputs"]),
                 f"{r['moved_bytes'] / 1e9:.2f} GB",
