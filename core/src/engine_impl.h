@@ -109,8 +109,10 @@ class Buffer {
   uint64_t key_size = 0;
   int64_t size_rank = 0;
   // Its rank among the allocations of its key size since a candidate step
-  // began (valid while step_ordinal >= PrefetchState::candidate_ordinal).
+  // began (valid while step_ordinal >= PrefetchState::candidate.ordinal),
+  // and since the challenger's first pin (PrefetchState::challenger).
   int64_t candidate_rank = 0;
+  int64_t challenger_rank = 0;
 
   bool resident() const { return chunk != BfcArena::kInvalidChunk; }
   // Counted in bytes_active (not reclaimable).
@@ -140,6 +142,26 @@ class Engine::Impl {
     // (CandidateKey), which it takes if the candidate is confirmed.
     bool in_candidate = false;
     int64_t candidate_key = 0;
+    // Noted while a challenger was open: its key as the challenger's step,
+    // which becomes the candidate key if the challenger takes over.
+    int64_t challenger_key = 0;
+  };
+  // A step id that may begin the next step: where its first pin came (in
+  // `recording`, `events` and the allocation ordinals), when (NowSeconds),
+  // how many pins it made, its position in `learned`, and its allocations
+  // and pins since, keyed as they will be if its step begins there
+  // (CandidateKey, ChallengerKey).
+  struct OpenStep {
+    int64_t id = 0;
+    size_t pins = 0;
+    size_t index = 0;
+    size_t events = 0;
+    int64_t ordinal = 0;
+    double time = 0;
+    size_t cursor = 0;
+    std::unordered_map<int64_t, Buffer*> by_key;
+    std::unordered_map<uint64_t, int64_t> size_counts;
+    std::vector<int64_t> keys;  // its pins since
   };
 
   Impl(Device* device, const EngineOptions& options);
@@ -541,6 +563,11 @@ class Engine::Impl {
   void FollowRecording(size_t index);
   // The library recording a step whose first pin has `key` follows.
   size_t RecordingStartingWith(int64_t key) const;
+  // After kSwitchPins pins in a row that took the cursor no further than it
+  // had been: the other recording in which those pins come in order, if one
+  // does better than the followed one; it is then followed from there
+  // (`*cursor` set) and true returned.
+  bool SwitchRecordingLocked(size_t* cursor);
   // The library slot the finished step's recording takes: that of the
   // recording it followed if it is another step of that kind, else the
   // oldest's once the library is full (SIZE_MAX: a new slot).
@@ -559,13 +586,35 @@ class Engine::Impl {
   // Key under which prefetch knows `b` across steps: its size and rank in
   // its step for buffers of this or the previous step, -id for older ones.
   int64_t PrefetchKey(const Buffer* b) const;
-  // The key `b` will have once the candidate step is confirmed.
+  // The key `b` will have once the candidate step is confirmed, and once the
+  // challenger's is (after taking over); both are SpanKey's for a step that
+  // begins at allocation ordinal `ordinal_base`, where `b` has `rank`
+  // among the allocations of its key size if it came since.
   int64_t CandidateKey(const Buffer* b) const;
+  int64_t ChallengerKey(const Buffer* b) const;
+  int64_t SpanKey(const Buffer* b, int64_t ordinal_base, int64_t rank) const;
   // The live buffer a learned key names now (candidate keys while matching
   // a candidate step's pins); nullptr if none.
   Buffer* BufferForKeyLocked(int64_t key, bool in_candidate) const;
-  // Forgets the candidate step and its allocation ranks.
+  // Forgets the candidate step and its allocation ranks (and any challenge).
   void DropCandidateLocked();
+  // `open` begins at this pin, for `step_id`; Clear forgets its keys.
+  void StartOpenStepLocked(OpenStep* open, int64_t step_id);
+  static void ClearOpenStep(OpenStep* open);
+  // A candidate's pins are not all in a row: kernels of other ids come
+  // between them (a validation step's and its input pipeline's). Another id
+  // opens a challenge rather than replacing the candidate; the challenger
+  // takes the candidate's place from its own first pin once it pins
+  // kTakeoverPins in a row (TakeOverCandidateLocked), and the candidate's id
+  // pinning again ends the challenge, its pins forgotten as an
+  // interruption's are (ForgetChallengeLocked).
+  void OpenChallengeLocked(int64_t step_id);
+  void TakeOverCandidateLocked();
+  void ForgetChallengeLocked();
+  void DropChallengeLocked();
+  // Pins from `at` on were another id's, dropped from the recording: events
+  // noted since `from_event` and page-outs noted after `at` move to `at`.
+  void ClampPositionsLocked(size_t at, size_t from_event);
   // The step's own id pinned again after other ids did: their pins were
   // work running beside the step, not part of its order (ForgetInterruption)
   // or, once one of them began a step or the step was marked, kept (Keep).
@@ -929,6 +978,11 @@ class Engine::Impl {
     bool choosing = false;
     std::vector<int64_t> learned;    // the order this step follows
     size_t learned_index = 0;        // which library recording it is
+    // The furthest `cursor` got in `learned`, and the pins since it last
+    // went further (SwitchRecordingLocked).
+    size_t cursor_high = 0;
+    size_t stalled_pins = 0;
+    size_t switch_at = 0;  // stalled_pins at which to search next
     // Whether `learned` is the newest recording (victims_learned is its).
     bool learned_is_last = false;
     // learned positions of each key, ascending (built when chosen)
@@ -943,17 +997,13 @@ class Engine::Impl {
     size_t far_at = SIZE_MAX;
     // Step ids seen at the pin sites (NoteStepId): the id of the last kernel,
     // the id of the step being recorded, and a new id that may begin the
-    // next step (with where it first appeared and its pins since).
+    // next step (its pins counted in a row, no pin of the step's own id
+    // between them).
     bool has_step_id = false;
     int64_t step_id = 0;
     int64_t dominant_id = 0;
     bool has_candidate = false;
-    int64_t candidate_id = 0;
-    size_t candidate_pins = 0;
-    size_t candidate_index = 0;
-    int64_t candidate_ordinal = 0;
-    double candidate_time = 0;  // when its first pin came (NowSeconds)
-    size_t candidate_cursor = 0;  // its position in `learned`
+    OpenStep candidate;
     // Pins of other ids since the step's own id last pinned (an
     // interruption): where they began in `recording` and `events`, and how
     // many were matched and found in order (counted once the span is kept).
@@ -972,11 +1022,14 @@ class Engine::Impl {
     // so far.
     std::unordered_map<int64_t, Buffer*> by_key;
     std::unordered_map<uint64_t, int64_t> size_counts;
-    // The same since the candidate step's first pin (CandidateKey), and the
-    // candidate keys of the pins since then (the recording's tail).
-    std::unordered_map<int64_t, Buffer*> candidate_by_key;
-    std::unordered_map<uint64_t, int64_t> candidate_size_counts;
-    std::vector<int64_t> candidate_keys;
+    // A challenge to the candidate (OpenChallengeLocked): where the first pin
+    // of another id came since the candidate's id last pinned, in
+    // `recording` and `events`; and the id pinning now, keyed from its own
+    // first pin (ChallengerKey), which may take the candidate's place.
+    bool challenged = false;
+    size_t challenge_index = 0;
+    size_t challenge_events = 0;
+    OpenStep challenger;
     size_t inflight_bytes = 0;  // prefetched, not yet pinned
     // Per key, how many pins ahead of its use a buffer may be paged in; no
     // entry: prefetch_lookahead. Halved when its prefetch was evicted again

@@ -38,7 +38,11 @@
 // own id between them) does the next step begin, retroactively at the
 // candidate's first pin. The pins and allocations since then move over to the
 // new step, keyed as they were recorded meanwhile (CandidateKey). A return to the step's id drops the candidate;
-// eager ops and small functions between steps stay in the step before.
+// eager ops and small functions between steps stay in the step before. A
+// third id between the candidate's pins only challenges it (a pipeline's
+// function beside a validation step): the candidate's id pinning again
+// ends the challenge, and the challenger takes over, from its own first
+// pin, once it pins kTakeoverPins in a row or more than the candidate did.
 // A step of several functions (each its own id, e.g. a custom loop calling a
 // gradient function and then an apply function) yields one recording per
 // function, and so does a validation step between training steps; the
@@ -108,6 +112,12 @@ constexpr size_t kRelocatePins = 16;
 // Fewer pins than this under one step id are not a step of their own (an
 // eager op pins its few inputs; a training step's function hundreds).
 constexpr size_t kMinStepPins = 16;
+// Pins in a row by which another id takes a candidate's place (from its own
+// first pin); fewer, between the candidate's pins, are kernels running
+// beside it (OpenChallengeLocked). An input pipeline's function pins one
+// tensor; the step whose id came after a few kernels that are not steps
+// (an apply function, eager ops) pins hundreds.
+constexpr size_t kTakeoverPins = 4;
 // Planned page-ins leave this many times the step's largest buffer free in
 // the plan (PlanStepLocked).
 constexpr size_t kPlannedInSlack = 2;
@@ -122,6 +132,13 @@ constexpr size_t kEarlyOutOverBudgetPins = 32;
 // Recordings kept to choose from, one per kind of step (functions per step,
 // a validation step between training steps; LibrarySlotFor).
 constexpr size_t kLibrarySize = 4;
+// Pins in a row that did not move the cursor past the furthest place it
+// reached in the followed order,
+// after which the recordings are searched for them; at least kSwitchFound
+// of them must come in order in another, and more than in the followed one
+// (SwitchRecordingLocked).
+constexpr size_t kSwitchPins = 8;
+constexpr size_t kSwitchFound = 6;
 // A recording is of the kind of the one it followed when this percentage of
 // the longer one's pins are keys both have.
 constexpr size_t kSameKindPercent = 50;
@@ -164,13 +181,21 @@ int64_t Engine::Impl::PrefetchKey(const Buffer* b) const {
   return StepKey(age >= 1, b->key_size, b->size_rank);
 }
 
-int64_t Engine::Impl::CandidateKey(const Buffer* b) const {
-  const PrefetchState& p = prefetch_;
+int64_t Engine::Impl::SpanKey(const Buffer* b, int64_t ordinal_base,
+                              int64_t rank) const {
   if (b->step_ordinal < 0) return -b->id;
-  if (b->step_created == p.step && b->step_ordinal >= p.candidate_ordinal) {
-    return StepKey(false, b->key_size, b->candidate_rank);
+  if (b->step_created == prefetch_.step && b->step_ordinal >= ordinal_base) {
+    return StepKey(false, b->key_size, rank);
   }
   return StepKey(true, b->key_size, b->size_rank);
+}
+
+int64_t Engine::Impl::CandidateKey(const Buffer* b) const {
+  return SpanKey(b, prefetch_.candidate.ordinal, b->candidate_rank);
+}
+
+int64_t Engine::Impl::ChallengerKey(const Buffer* b) const {
+  return SpanKey(b, prefetch_.challenger.ordinal, b->challenger_rank);
 }
 
 Buffer* Engine::Impl::BufferForKeyLocked(int64_t key, bool in_candidate) const {
@@ -186,7 +211,7 @@ Buffer* Engine::Impl::BufferForKeyLocked(int64_t key, bool in_candidate) const {
       auto own = map->find(key & ~kPreviousStepBit);
       if (own != map->end()) return own->second;
     } else {
-      map = &p.candidate_by_key;
+      map = &p.candidate.by_key;
     }
   }
   auto it = map->find(key);
@@ -214,17 +239,100 @@ void Engine::Impl::NoteAllocationLocked(Buffer* b) {
   b->size_rank = p.size_counts[b->key_size]++;
   p.by_key[StepKey(false, b->key_size, b->size_rank)] = b;
   if (p.has_candidate) {
-    b->candidate_rank = p.candidate_size_counts[b->key_size]++;
-    p.candidate_by_key[StepKey(false, b->key_size, b->candidate_rank)] = b;
+    b->candidate_rank = p.candidate.size_counts[b->key_size]++;
+    p.candidate.by_key[StepKey(false, b->key_size, b->candidate_rank)] = b;
   }
+  if (p.challenged) {
+    b->challenger_rank = p.challenger.size_counts[b->key_size]++;
+    p.challenger.by_key[StepKey(false, b->key_size, b->challenger_rank)] = b;
+  }
+}
+
+void Engine::Impl::StartOpenStepLocked(OpenStep* open,
+                                       int64_t step_id) {
+  const PrefetchState& p = prefetch_;
+  ClearOpenStep(open);
+  open->id = step_id;
+  open->pins = 0;
+  open->index = p.recording.size();
+  open->events = p.events.size();
+  open->ordinal = p.next_ordinal;
+  open->time = GuardNowLocked();
+  open->cursor = 0;
+}
+
+void Engine::Impl::ClearOpenStep(OpenStep* open) {
+  open->by_key.clear();
+  open->size_counts.clear();
+  open->keys.clear();
 }
 
 void Engine::Impl::DropCandidateLocked() {
   PrefetchState& p = prefetch_;
   p.has_candidate = false;
-  p.candidate_by_key.clear();
-  p.candidate_size_counts.clear();
-  p.candidate_keys.clear();
+  ClearOpenStep(&p.candidate);
+  DropChallengeLocked();
+}
+
+void Engine::Impl::DropChallengeLocked() {
+  PrefetchState& p = prefetch_;
+  p.challenged = false;
+  ClearOpenStep(&p.challenger);
+}
+
+void Engine::Impl::OpenChallengeLocked(int64_t step_id) {
+  PrefetchState& p = prefetch_;
+  // Replacing the candidate at once, as a new id did before, restarted it at
+  // every such kernel: a validation step whose id alternated with its input
+  // pipeline's one-pin functions was confirmed about 200 pins late on the
+  // CPU harness, its first pins left in the training step before it.
+  if (!p.challenged) {
+    p.challenged = true;
+    p.challenge_index = p.recording.size();
+    p.challenge_events = p.events.size();
+  }
+  StartOpenStepLocked(&p.challenger, step_id);
+}
+
+void Engine::Impl::TakeOverCandidateLocked() {
+  PrefetchState& p = prefetch_;
+  // The candidate's pins before the challenger's stay where the step's
+  // interruption keeps or forgets them, as when it was dropped; what the
+  // challenger made and pinned since its first pin takes the keys it had as
+  // the challenger's.
+  for (size_t i = p.interruption_events; i < p.events.size(); ++i) {
+    StepEvent& e = p.events[i];
+    e.in_candidate = i >= p.challenger.events;
+    if (e.in_candidate) e.candidate_key = e.challenger_key;
+  }
+  for (auto& entry : p.challenger.by_key) {
+    entry.second->candidate_rank = entry.second->challenger_rank;
+  }
+  p.candidate = std::move(p.challenger);
+  p.candidate.cursor = 0;  // its pins so far were not matched
+  DropChallengeLocked();
+}
+
+void Engine::Impl::ForgetChallengeLocked() {
+  PrefetchState& p = prefetch_;
+  if (!p.challenged) return;
+  // As an interruption's (ForgetInterruptionLocked): left in the candidate's
+  // recording they would shift its order wherever they came.
+  const size_t at = p.challenge_index;
+  p.recording.resize(at);
+  p.candidate.keys.resize(at - p.candidate.index);
+  ClampPositionsLocked(at, p.challenge_events);
+  DropChallengeLocked();
+}
+
+void Engine::Impl::ClampPositionsLocked(size_t at, size_t from_event) {
+  PrefetchState& p = prefetch_;
+  for (size_t i = from_event; i < p.events.size(); ++i) {
+    p.events[i].at = std::min(p.events[i].at, at);
+  }
+  for (auto& entry : p.victims_now) {
+    for (size_t& v : entry.second) v = std::min(v, at);
+  }
 }
 
 void Engine::Impl::StepBegin() {
@@ -296,16 +404,16 @@ void Engine::Impl::NoteStepIdLocked(int64_t step_id) {
     p.interruption_index = p.recording.size();
     p.interruption_events = p.events.size();
   }
-  if (!p.has_candidate || step_id != p.candidate_id) {
-    DropCandidateLocked();
-    p.has_candidate = true;
-    p.candidate_id = step_id;
-    p.candidate_pins = 0;
-    p.candidate_index = p.recording.size();
-    p.candidate_ordinal = p.next_ordinal;
-    p.candidate_time = GuardNowLocked();
-    p.candidate_cursor = 0;
+  if (p.has_candidate && step_id == p.candidate.id) {
+    ForgetChallengeLocked();
+    return;
   }
+  if (p.has_candidate) {
+    OpenChallengeLocked(step_id);
+    return;
+  }
+  p.has_candidate = true;
+  StartOpenStepLocked(&p.candidate, step_id);
 }
 
 void Engine::Impl::ForgetInterruptionLocked() {
@@ -323,12 +431,9 @@ void Engine::Impl::ForgetInterruptionLocked() {
   const size_t at = p.interruption_index;
   p.recording.resize(at);
   for (size_t i = p.interruption_events; i < p.events.size(); ++i) {
-    p.events[i].at = std::min(p.events[i].at, at);
     p.events[i].in_candidate = false;
   }
-  for (auto& entry : p.victims_now) {
-    for (size_t& v : entry.second) v = std::min(v, at);
-  }
+  ClampPositionsLocked(at, p.interruption_events);
   p.interruption_bits = 0;
   p.interruption_pins = 0;
   p.interruption_in_order = 0;
@@ -371,6 +476,9 @@ void Engine::Impl::FollowRecording(size_t index) {
   p.learned = p.library[index];
   p.learned_index = index;
   p.learned_is_last = index + 1 == p.library.size();
+  p.stalled_pins = 0;
+  p.switch_at = kSwitchPins;
+  p.cursor_high = 0;
   p.lost_at = SIZE_MAX;
   p.far_at = SIZE_MAX;
   p.positions.clear();
@@ -461,8 +569,8 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base,
   }
   // The candidate's pins were keyed as the new step's when they came.
   std::vector<int64_t> tail;
-  if (p.candidate_keys.size() == p.recording.size() - index) {
-    tail = std::move(p.candidate_keys);
+  if (p.candidate.keys.size() == p.recording.size() - index) {
+    tail = std::move(p.candidate.keys);
   }
   // Events likewise: before `index` the finished step's, the rest the new
   // step's, at their positions since the candidate's first pin and with the
@@ -499,11 +607,14 @@ void Engine::Impl::SplitStepLocked(size_t index, int64_t ordinal_base,
   p.victims_now = std::move(victims_tail);
   p.recording = std::move(tail);
   p.cursor = 0;
+  p.cursor_high = 0;
+  p.stalled_pins = 0;
+  p.switch_at = kSwitchPins;
   p.far_at = SIZE_MAX;
   ++p.step;
   p.next_ordinal -= ordinal_base;
   p.by_key = std::move(by_key);
-  p.size_counts = std::move(p.candidate_size_counts);
+  p.size_counts = std::move(p.candidate.size_counts);
   DropCandidateLocked();
 }
 
@@ -522,11 +633,11 @@ bool Engine::Impl::FollowingLearnedOrder() const {
 
 bool Engine::Impl::InCandidateStep() const {
   const PrefetchState& p = prefetch_;
-  return p.has_candidate && p.step_id == p.candidate_id;
+  return p.has_candidate && p.step_id == p.candidate.id;
 }
 
 size_t Engine::Impl::LearnedCursor() const {
-  return InCandidateStep() ? prefetch_.candidate_cursor : prefetch_.cursor;
+  return InCandidateStep() ? prefetch_.candidate.cursor : prefetch_.cursor;
 }
 
 int64_t Engine::Impl::MatchKey(const Buffer* b) const {
@@ -729,14 +840,19 @@ void Engine::Impl::ForgetBufferForPrefetch(Buffer* b) {
   NoteStepEventLocked(StepEvent::kFree, b);
   if (b->step_ordinal < 0) return;
   // Saturated keys may name another buffer: erase only b's own entry.
-  auto it = p.by_key.find(PrefetchKey(b));
-  if (it != p.by_key.end() && it->second == b) p.by_key.erase(it);
+  auto erase_own = [b](std::unordered_map<int64_t, Buffer*>& map,
+                       int64_t key) {
+    auto it = map.find(key);
+    if (it != map.end() && it->second == b) map.erase(it);
+  };
+  erase_own(p.by_key, PrefetchKey(b));
   if (p.has_candidate && b->step_created == p.step &&
-      b->step_ordinal >= p.candidate_ordinal) {
-    auto c = p.candidate_by_key.find(CandidateKey(b));
-    if (c != p.candidate_by_key.end() && c->second == b) {
-      p.candidate_by_key.erase(c);
-    }
+      b->step_ordinal >= p.candidate.ordinal) {
+    erase_own(p.candidate.by_key, CandidateKey(b));
+  }
+  if (p.challenged && b->step_created == p.step &&
+      b->step_ordinal >= p.challenger.ordinal) {
+    erase_own(p.challenger.by_key, ChallengerKey(b));
   }
 }
 
@@ -757,6 +873,68 @@ size_t Engine::Impl::RecordingStartingWith(int64_t key) const {
     }
   }
   return best;
+}
+
+namespace {
+// How many of the `n` keys `recent` (oldest first) come in order in `keys`,
+// at the best of the newest key's occurrences: the keys before it found
+// newest first, each within kNearPins + 1 before the one found after it.
+// Sets `*at` to that occurrence's position.
+size_t FoundInOrder(const std::vector<int64_t>& keys, const int64_t* recent,
+                    size_t n, size_t* at) {
+  size_t best = 0;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    if (keys[j] != recent[n - 1]) continue;
+    size_t found = 1, last = j;
+    for (size_t i = n - 1; i-- > 0;) {
+      const size_t low = last > kNearPins + 1 ? last - kNearPins - 1 : 0;
+      for (size_t q = last; q-- > low;) {
+        if (keys[q] == recent[i]) {
+          ++found;
+          last = q;
+          break;
+        }
+      }
+    }
+    if (found > best) {
+      best = found;
+      *at = j;
+    }
+  }
+  return best;
+}
+}  // namespace
+
+bool Engine::Impl::SwitchRecordingLocked(size_t* cursor) {
+  // A step is matched to a recording by its first pins, and two kinds of
+  // step can begin alike: a Keras training step and a validation step run
+  // the same forward pass, their first kernels read the same weights, so
+  // the training step after validation followed the validation order (the
+  // newest of the two) and from its backward pass on found its pins there
+  // behind where it had got to, or nowhere, and nothing ahead to prefetch.
+  // Where the cursor stopped advancing, the step's last pins are looked for
+  // in each recording, and one in which more of them come in order than in
+  // the followed one (at least kSwitchFound) is followed from there.
+  PrefetchState& p = prefetch_;
+  if (p.library.size() < 2 || p.recording.size() < kSwitchPins) return false;
+  const int64_t* recent = &p.recording[p.recording.size() - kSwitchPins];
+  size_t at = 0;
+  size_t best = SIZE_MAX, best_at = 0;
+  size_t best_found = std::max(
+      kSwitchFound - 1, FoundInOrder(p.learned, recent, kSwitchPins, &at));
+  for (size_t r = 0; r < p.library.size(); ++r) {
+    if (r == p.learned_index) continue;
+    const size_t found = FoundInOrder(p.library[r], recent, kSwitchPins, &at);
+    if (found > best_found) {
+      best = r;
+      best_at = at;
+      best_found = found;
+    }
+  }
+  if (best == SIZE_MAX) return false;
+  FollowRecording(best);
+  *cursor = best_at + 1;
+  return true;
 }
 
 size_t Engine::Impl::LibrarySlotFor(
@@ -869,14 +1047,27 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
   const int64_t key = PrefetchKey(b);
   NoteStepEventLocked(StepEvent::kPin, b);
   p.recording.push_back(key);
-  if (p.has_candidate) p.candidate_keys.push_back(CandidateKey(b));
-  if (p.has_candidate && p.step_id == p.candidate_id &&
-      ++p.candidate_pins >= kMinStepPins) {
+  if (p.has_candidate) p.candidate.keys.push_back(CandidateKey(b));
+  const bool challenger_pin = p.challenged && p.step_id == p.challenger.id;
+  if (p.challenged) p.challenger.keys.push_back(ChallengerKey(b));
+  if (challenger_pin) {
+    // Counted as the candidate's below once it takes over. A candidate that
+    // pinned less than its challenger in a row was most likely a kernel
+    // beside the step (the pipeline's, just before the step's first pin).
+    const size_t pins = p.challenger.pins + 1;
+    if (pins >= kTakeoverPins || pins > p.candidate.pins) {
+      TakeOverCandidateLocked();
+    } else {
+      ++p.challenger.pins;
+    }
+  }
+  if (p.has_candidate && p.step_id == p.candidate.id &&
+      ++p.candidate.pins >= kMinStepPins) {
     // A new step id that pinned enough in a row: its step began where the id
     // first appeared.
-    p.dominant_id = p.candidate_id;
+    p.dominant_id = p.candidate.id;
     KeepInterruptionLocked();
-    SplitStepLocked(p.candidate_index, p.candidate_ordinal, p.candidate_time);
+    SplitStepLocked(p.candidate.index, p.candidate.ordinal, p.candidate.time);
     // The candidate's pins were matched against the order the step before
     // followed. The step they begin follows the recording that starts with
     // its first pin, from where its pins so far lead: a Keras training step
@@ -891,15 +1082,21 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
     p.cursor = 0;
     p.far_at = SIZE_MAX;
     for (int64_t k : p.recording) AdvanceCursorLocked(k, &p.cursor);
+    p.cursor_high = p.cursor;
+    p.stalled_pins = 0;
+    p.switch_at = kSwitchPins;
     p.choosing = false;
   }
   std::vector<Buffer*> plan;
+  // A challenger's few pins follow no order: most are kernels running beside
+  // the candidate, and one that takes over is matched from its own start.
+  if (p.challenged && p.step_id == p.challenger.id) return plan;
   // Pins of a candidate step are matched, until it is confirmed or dropped,
   // as if it had begun where it first appeared: its own cursor, and ranks
   // counted from its first allocation (older buffers as they will be known).
   const bool in_candidate = InCandidateStep();
   const int64_t match_key = MatchKey(b);
-  size_t& cursor = in_candidate ? p.candidate_cursor : p.cursor;
+  size_t& cursor = in_candidate ? p.candidate.cursor : p.cursor;
   if (p.choosing && !in_candidate) {
     const size_t best = RecordingStartingWith(key);
     if (best != SIZE_MAX) {
@@ -911,6 +1108,16 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
   }
   if (p.learned.empty()) return plan;
   const bool found = AdvanceCursorLocked(match_key, &cursor);
+  if (in_candidate || cursor > p.cursor_high) {
+    p.cursor_high = in_candidate ? p.cursor_high : cursor;
+    p.stalled_pins = 0;
+    p.switch_at = kSwitchPins;
+  } else if (++p.stalled_pins == p.switch_at) {
+    // Each search reads every recording; where none explains the pins (an
+    // order that does not repeat), the next waits twice as long.
+    p.switch_at *= 2;
+    if (SwitchRecordingLocked(&cursor)) p.cursor_high = cursor;
+  }
   NoteMatchLocked(found);
   if (!found || !FollowingLearnedOrder()) return plan;
   size_t budget_left = options_.prefetch_budget_bytes > p.inflight_bytes
@@ -996,6 +1203,7 @@ void Engine::Impl::NoteStepEventLocked(StepEvent::Kind kind, const Buffer* b) {
     e.in_candidate = true;
     e.candidate_key = CandidateKey(b);
   }
+  if (p.challenged) e.challenger_key = ChallengerKey(b);
   p.events.push_back(e);
 }
 
@@ -1248,7 +1456,7 @@ void Engine::Impl::StartPlannedPageInsLocked(
   const uint64_t generation = p.plan_generation;
   while (p.in_next < p.planned_ins.size()) {
     const bool in_candidate = InCandidateStep();
-    const size_t cursor = in_candidate ? p.candidate_cursor : p.cursor;
+    const size_t cursor = in_candidate ? p.candidate.cursor : p.cursor;
     const size_t i = p.in_next;
     const PrefetchState::PlannedIn in = p.planned_ins[i];
     if (in.issue_at > cursor) return;
