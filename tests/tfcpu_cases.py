@@ -64,13 +64,18 @@ HOST_MEMORY: dict[str, str] = {
 }
 
 
-def _setup(case: str, mode: str) -> Any:
+def environment_before_tensorflow() -> None:
+    """What the environment must say before TensorFlow is imported (also tfcpu_zygote's)."""
     # The same CPU kernels on every machine. TensorFlow turns its oneDNN kernels on by itself
     # only on CPUs with AVX-512; without them Conv2DBackpropInput falls back to a kernel whose
     # scratch buffer is sized for a 30 MiB L3 cache (26.8 MB for the CNN here), which no
     # modelled device a quarter of the CNN's peak can hold. Stock runs are set the same way,
     # so the bit-for-bit comparison is between the same kernels.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+
+def _setup(case: str, mode: str) -> Any:
+    environment_before_tensorflow()
     if mode != "stock":
         import tflms.tfcpu as tc
 
