@@ -654,7 +654,7 @@ def test_keras_fit_that_never_sets_prefetch_gets_the_patch_default() -> None:
 def test_keras_fit_with_more_validation_steps_than_recordings_is_bit_identical() -> None:
     # Six validation steps an epoch, more than the four step orders the engine keeps. Each
     # validation step's recording replaces the one it followed, so the training order is
-    # mostly still there when the next epoch begins (core/src/prefetch.cc,
+    # mostly still there when the next epoch begins (core/src/step_finding.cc,
     # LibrarySlotFor; the engine test test_weights_a_step_replaced_keep_their_keys_
     # across_a_validation_step[6] asserts it). Before (1 December 2026) they pushed it out
     # and the first training step of every epoch waited for all it paged in (10.6-10.9

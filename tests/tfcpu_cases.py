@@ -1,4 +1,4 @@
-"""TensorFlow programs run by tests/test_tfcpu.py, each in a fresh process.
+"""TensorFlow programs run by tests/test_tfcpu.py, each in a process of its own.
 
     python -m tests.tfcpu_cases CASE MODE
 

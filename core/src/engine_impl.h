@@ -5,7 +5,9 @@
 //   residency.cc  pin/unpin, page-out, page-in
 //   reclaim.cc    victim choice: single, fragments, full
 //   defrag.cc     defragmentation (moves within the device)
-//   prefetch.cc   step-pattern prefetch
+//   prefetch.cc   step-pattern prefetch: keys, order following, look-ahead
+//   step_finding.cc  step boundaries from step ids, the recordings' library
+//   step_plan.cc  the Belady plan of a finished step, planned copies
 //   stats.cc      statistics snapshot, invariants, out-of-memory messages
 //   fixed_address.cc  fixed-address mode: page table, map/unmap, its ladder
 //
@@ -131,7 +133,7 @@ enum class AllocSource {
 
 class Engine::Impl {
  public:
-  // One memory event of a recorded step (prefetch.cc, PlanStepLocked).
+  // One memory event of a recorded step (step_plan.cc, PlanStepLocked).
   struct StepEvent {
     enum Kind : uint8_t { kAlloc, kAllocPinned, kPin, kUnpin, kFree };
     Kind kind;
@@ -542,7 +544,7 @@ class Engine::Impl {
   Status SwapInLocked(std::unique_lock<std::mutex>& lock, Buffer* x);
   static constexpr size_t kMaxSwapPieces = 64;
 
-  // ---- prefetch.cc ----
+  // ---- step_finding.cc ----
   void StepBegin();
   void StepBeginLocked();
   // Ends the step being recorded at recording[index]: what was pinned from
@@ -572,30 +574,6 @@ class Engine::Impl {
   // recording it followed if it is another step of that kind, else the
   // oldest's once the library is full (SIZE_MAX: a new slot).
   size_t LibrarySlotFor(const std::vector<int64_t>& recording) const;
-  // Moves *cursor past the occurrence of `key` in the learned order nearest
-  // to it (beyond the resync window only where a lost cursor relocates);
-  // true when that occurrence is close enough to count as in order.
-  bool AdvanceCursorLocked(int64_t key, size_t* cursor);
-  // Records the pin and returns buffers worth paging in ahead of use.
-  std::vector<Buffer*> NotePinAndPlan(Buffer* b);
-  void RunPrefetch(std::unique_lock<std::mutex>& lock,
-                   const std::vector<Buffer*>& plan);
-  void ForgetBufferForPrefetch(Buffer* b);
-  // Gives a new buffer its prefetch identity (engine.cc's allocation path).
-  void NoteAllocationLocked(Buffer* b);
-  // Key under which prefetch knows `b` across steps: its size and rank in
-  // its step for buffers of this or the previous step, -id for older ones.
-  int64_t PrefetchKey(const Buffer* b) const;
-  // The key `b` will have once the candidate step is confirmed, and once the
-  // challenger's is (after taking over); both are SpanKey's for a step that
-  // begins at allocation ordinal `ordinal_base`, where `b` has `rank`
-  // among the allocations of its key size if it came since.
-  int64_t CandidateKey(const Buffer* b) const;
-  int64_t ChallengerKey(const Buffer* b) const;
-  int64_t SpanKey(const Buffer* b, int64_t ordinal_base, int64_t rank) const;
-  // The live buffer a learned key names now (candidate keys while matching
-  // a candidate step's pins); nullptr if none.
-  Buffer* BufferForKeyLocked(int64_t key, bool in_candidate) const;
   // Forgets the candidate step and its allocation ranks (and any challenge).
   void DropCandidateLocked();
   // `open` begins at this pin, for `step_id`; Clear forgets its keys.
@@ -620,6 +598,50 @@ class Engine::Impl {
   // or, once one of them began a step or the step was marked, kept (Keep).
   void ForgetInterruptionLocked();
   void KeepInterruptionLocked();
+  // A pin of the step being recorded: into the recording, and into an open
+  // candidate's and challenger's keys; a challenger may take over
+  // (TakeOverCandidateLocked) and a candidate be confirmed.
+  void NoteStepPinLocked(const Buffer* b, int64_t key);
+  // The candidate pinned kMinStepPins in a row: its step begins at its first
+  // pin, and follows the recording its first pin chooses, from where its
+  // pins so far lead.
+  void ConfirmCandidateLocked();
+  // While the step's first pins still choose its recording (`choosing`):
+  // the one in which `key` comes earliest.
+  void ChooseRecordingLocked(int64_t key);
+  // After a pin moved `*cursor` (the candidate's if `in_candidate`): a step
+  // that stopped getting further in its order for kSwitchPins pins, then
+  // twice as many, looks for a recording that explains its last pins
+  // (SwitchRecordingLocked).
+  void NoteCursorProgressLocked(bool in_candidate, size_t* cursor);
+  // The cursor got as far as `high`: the stall count starts again.
+  void ResetStallLocked(size_t high);
+
+  // ---- prefetch.cc ----
+  // Moves *cursor past the occurrence of `key` in the learned order nearest
+  // to it (beyond the resync window only where a lost cursor relocates);
+  // true when that occurrence is close enough to count as in order.
+  bool AdvanceCursorLocked(int64_t key, size_t* cursor);
+  // Records the pin and returns buffers worth paging in ahead of use.
+  std::vector<Buffer*> NotePinAndPlan(Buffer* b);
+  void RunPrefetch(std::unique_lock<std::mutex>& lock,
+                   const std::vector<Buffer*>& plan);
+  void ForgetBufferForPrefetch(Buffer* b);
+  // Gives a new buffer its prefetch identity (engine.cc's allocation path).
+  void NoteAllocationLocked(Buffer* b);
+  // Key under which prefetch knows `b` across steps: its size and rank in
+  // its step for buffers of this or the previous step, -id for older ones.
+  int64_t PrefetchKey(const Buffer* b) const;
+  // The key `b` will have once the candidate step is confirmed, and once the
+  // challenger's is (after taking over); both are SpanKey's for a step that
+  // begins at allocation ordinal `ordinal_base`, where `b` has `rank`
+  // among the allocations of its key size if it came since.
+  int64_t CandidateKey(const Buffer* b) const;
+  int64_t ChallengerKey(const Buffer* b) const;
+  int64_t SpanKey(const Buffer* b, int64_t ordinal_base, int64_t rank) const;
+  // The live buffer a learned key names now (candidate keys while matching
+  // a candidate step's pins); nullptr if none.
+  Buffer* BufferForKeyLocked(int64_t key, bool in_candidate) const;
   // Counts a pin's match in the order's trust and the statistics.
   void NoteMatchLocked(bool found);
   // Whether inactive `b`, just unpinned, should be paged out now: following
@@ -668,24 +690,6 @@ class Engine::Impl {
   // own again. False, changing nothing, otherwise.
   bool TryEvictCleanLocked(Buffer* v);
   void NoteVictimLocked(const Buffer* v);
-  // Notes a memory event of the step being recorded (the plan's input).
-  void NoteStepEventLocked(StepEvent::Kind kind, const Buffer* b);
-  // Computes from a finished step's events the page-outs an offline
-  // planner would choose (Belady over the step's pins, as the planner's
-  // Ideal schedule does, at the memory limit) and makes them the next
-  // step's early page-outs (victims_learned, start_outs).
-  void PlanStepLocked(const std::vector<StepEvent>& events);
-  // Whether the plan of the learned step is being followed.
-  bool FollowingPlan() const;
-  // Starts the page-outs of start_outs not started yet, once the plan is
-  // followed. Returns with `lock` held.
-  void StartPlannedPageOutsLocked(std::unique_lock<std::mutex>& lock);
-  // Pages in the plan's copy-ins whose issue position the step has reached
-  // (PlanStepLocked), oldest first; stops at one that finds no free room.
-  void StartPlannedPageInsLocked(std::unique_lock<std::mutex>& lock);
-  // Keeps page_ins_in_flight_: notes a page-in, drops those that landed.
-  void NotePageInLocked(const EventRef& ready, size_t bytes);
-  size_t PageInBytesInFlightLocked();
   // A prefetched buffer is paged out again before its pin: the memory it
   // took was needed first. Its key is paged in closer to its use from now.
   void NotePrefetchWastedLocked(Buffer* b);
@@ -726,6 +730,26 @@ class Engine::Impl {
   // and prefetch; otherwise the engine falls back to LRU and on-demand.
   bool FollowingLearnedOrder() const;
 
+  // ---- step_plan.cc ----
+  // Notes a memory event of the step being recorded (the plan's input).
+  void NoteStepEventLocked(StepEvent::Kind kind, const Buffer* b);
+  // Computes from a finished step's events the page-outs an offline
+  // planner would choose (Belady over the step's pins, as the planner's
+  // Ideal schedule does, at the memory limit) and makes them the next
+  // step's early page-outs (victims_learned, start_outs).
+  void PlanStepLocked(const std::vector<StepEvent>& events);
+  // Whether the plan of the learned step is being followed.
+  bool FollowingPlan() const;
+  // Starts the page-outs of start_outs not started yet, once the plan is
+  // followed. Returns with `lock` held.
+  void StartPlannedPageOutsLocked(std::unique_lock<std::mutex>& lock);
+  // Pages in the plan's copy-ins whose issue position the step has reached
+  // (PlanStepLocked), oldest first; stops at one that finds no free room.
+  void StartPlannedPageInsLocked(std::unique_lock<std::mutex>& lock);
+  // Keeps page_ins_in_flight_: notes a page-in, drops those that landed.
+  void NotePageInLocked(const EventRef& ready, size_t bytes);
+  size_t PageInBytesInFlightLocked();
+
   // ---- prefetch_guard.cc ----
   // A step recorded by the prefetcher ended and the next began at `at`:
   // times the step that ended and moves the guard on.
@@ -736,7 +760,7 @@ class Engine::Impl {
     return options_.prefetch_guard ? device_->NowSeconds() : 0;
   }
   // Whether the kernel pinning now runs under a step id that may begin the
-  // next step; its pins are then matched as that step's (prefetch.cc).
+  // next step; its pins are then matched as that step's (step_finding.cc).
   bool InCandidateStep() const;
   // The key under which `b` is matched against the learned order now.
   int64_t MatchKey(const Buffer* b) const;

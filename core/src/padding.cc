@@ -7,7 +7,7 @@
 // large as the request or at least 128 MiB (bfc_arena.cc, ShouldSplit), so a
 // 42 MB tensor takes a 66 MB chunk whole. The arena keeps that rule: with LMS
 // off the engine fails and peaks where TensorFlow does. Under LMS the padding
-// is device memory that no tensor uses, and the step's plan (prefetch.cc),
+// is device memory that no tensor uses, and the step's plan (step_plan.cc),
 // which counts bytes, does not know it is gone: DenseNet201 at batch 166 on
 // a 16 GiB V100 held 17.12 GB of chunks for 14.80 GB of resident tensors
 // when allocations found no room, and those allocations paged out on demand

@@ -17,7 +17,7 @@
 // data, the learning rate or other processes can change the answer.
 //
 // A step is what the prefetcher tells apart: StepBegin, or inside
-// TensorFlow a new step id that pinned enough in a row (prefetch.cc). Steps
+// TensorFlow a new step id that pinned enough in a row (step_finding.cc). Steps
 // are timed on Device::NowSeconds at their boundaries: the host's clock,
 // the modelled host clock in the planner's replays. With the host running
 // ahead of the GPU a boundary is when the host got there, which over a few

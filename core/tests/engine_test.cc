@@ -3137,7 +3137,7 @@ TEST(TrainingWorkloadReadsWhatItWroteInEveryMode) {
     eo.page_size = kPage;
     // The look-ahead skips tensors over its budget (by default 1/8 of the
     // device, under these 1 MiB activations), and fixed-address mode has no
-    // step plan (prefetch.cc): a budget of two tensors makes prefetch run.
+    // step plan (step_plan.cc): a budget of two tensors makes prefetch run.
     eo.prefetch_budget_bytes = 2 * kMiB;
     Engine engine(&device, eo);
     EXPECT_OK(engine.Init());

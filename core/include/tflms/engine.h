@@ -215,7 +215,7 @@ class Engine {
   // on this thread: the id applies to this thread's pins from the next one
   // on (no lock taken; call it for every kernel). Inside TensorFlow nothing
   // calls StepBegin: the engine finds boundaries itself from these ids
-  // (prefetch.cc says how it copes with eager ops, several functions per
+  // (step_finding.cc says how it copes with eager ops, several functions per
   // step and the first, tracing step).
   void NoteStepId(int64_t step_id);
   // Lock-free: the calling thread's next allocations are made by the kernel
