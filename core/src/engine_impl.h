@@ -144,9 +144,6 @@ class Engine::Impl {
     // (CandidateKey), which it takes if the candidate is confirmed.
     bool in_candidate = false;
     int64_t candidate_key = 0;
-    // Noted while a challenger was open: its key as the challenger's step,
-    // which becomes the candidate key if the challenger takes over.
-    int64_t challenger_key = 0;
   };
   // A step id that may begin the next step: where its first pin came (in
   // `recording`, `events` and the allocation ordinals), when (NowSeconds),
@@ -164,6 +161,11 @@ class Engine::Impl {
     std::unordered_map<int64_t, Buffer*> by_key;
     std::unordered_map<uint64_t, int64_t> size_counts;
     std::vector<int64_t> keys;  // its pins since
+    // The keys, as its step's, of the events noted since its first pin
+    // (events[events + i]); kept for the challenger only, whose events take
+    // them as their candidate keys if it takes over. A few events at most:
+    // a field of every StepEvent would cost every step's events 8 bytes.
+    std::vector<int64_t> event_keys;
   };
 
   Impl(Device* device, const EngineOptions& options);

@@ -176,6 +176,7 @@ void Engine::Impl::ClearOpenStep(OpenStep* open) {
   open->by_key.clear();
   open->size_counts.clear();
   open->keys.clear();
+  open->event_keys.clear();
 }
 
 void Engine::Impl::DropCandidateLocked() {
@@ -214,12 +215,15 @@ void Engine::Impl::TakeOverCandidateLocked() {
   for (size_t i = p.interruption_events; i < p.events.size(); ++i) {
     StepEvent& e = p.events[i];
     e.in_candidate = i >= p.challenger.events;
-    if (e.in_candidate) e.candidate_key = e.challenger_key;
+    if (e.in_candidate) {
+      e.candidate_key = p.challenger.event_keys[i - p.challenger.events];
+    }
   }
   for (auto& entry : p.challenger.by_key) {
     entry.second->candidate_rank = entry.second->challenger_rank;
   }
   p.candidate = std::move(p.challenger);
+  p.candidate.event_keys.clear();
   p.candidate.cursor = 0;  // its pins so far were not matched
   DropChallengeLocked();
 }

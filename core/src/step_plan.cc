@@ -55,7 +55,7 @@ void Engine::Impl::NoteStepEventLocked(StepEvent::Kind kind, const Buffer* b) {
     e.in_candidate = true;
     e.candidate_key = CandidateKey(b);
   }
-  if (p.challenged) e.challenger_key = ChallengerKey(b);
+  if (p.challenged) p.challenger.event_keys.push_back(ChallengerKey(b));
   p.events.push_back(e);
 }
 
