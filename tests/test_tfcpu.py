@@ -44,7 +44,7 @@ def run_case_process(
 ) -> subprocess.CompletedProcess[str]:
     """The case in a process of its own, whatever its outcome."""
     full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "1", **(env or {})}
-    if os.environ.get("TFLMS_TEST_FRESH_PROCESSES") != "1":
+    if full_env.get("TFLMS_TEST_FRESH_PROCESSES") != "1":
         return _zygotes.run([case, mode], full_env, timeout=900)
     return subprocess.run(
         [sys.executable, "-m", "tests.tfcpu_cases", case, mode],
@@ -169,6 +169,29 @@ def _peak_without_pressure(case: str, floor: int) -> int:
         if peak >= floor:
             break
     return peak
+
+
+def test_a_case_forked_from_the_zygote_computes_what_a_fresh_process_does() -> None:
+    # Every other test here runs its cases in children of a process that imported
+    # TensorFlow (tests/tfcpu_zygote.py). The same program under LMS, started from scratch,
+    # must compute the same values bit for bit and move tensors as much.
+    fresh = run_case("cnn", "lms", {"TFLMS_TEST_FRESH_PROCESSES": "1"})
+    forked = run_case("cnn", "lms")
+    assert program_output(forked) == program_output(fresh) == stock_output("cnn")
+    assert forked["stats"]["bytes_reclaimed"] > 0 and fresh["stats"]["bytes_reclaimed"] > 0
+
+
+def test_zygotes_key_on_what_tensorflow_may_read_at_import_and_stay_few() -> None:
+    from tests.tfcpu_zygote import MAX_ZYGOTES, _import_environment
+
+    base = {"PATH": "/bin", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    later = {"TF_LMS_PREFETCH": "1", "TFCPU_DEVICE_MEMORY": "1MiB", "PYTEST_CURRENT_TEST": "x"}
+    # What tflms reads once TensorFlow makes its devices, and which test runs, share a
+    # zygote; TensorFlow's own log level, read at import, does not.
+    assert _import_environment({**base, **later}) == _import_environment(base)
+    assert _import_environment({**base, "TF_CPP_MIN_LOG_LEVEL": "0"}) != _import_environment(base)
+    assert _import_environment({**base, "TF_ENABLE_ONEDNN_OPTS": "0"}) != _import_environment(base)
+    assert MAX_ZYGOTES >= 2  # the tests' two log levels
 
 
 @pytest.mark.parametrize("case", ["cnn", "rnn", "map_fn"])

@@ -35,8 +35,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # Read only after TensorFlow's import: by tflms's library when it is loaded and when the
-# device's allocator is made, and by the cases themselves.
-FORK_SAFE_PREFIXES = ("TF_LMS_", "TFCPU_", "TFLMS_", "TF_GPU_HOST_MEM_LIMIT_IN_MB")
+# device's allocator is made, and by the cases themselves; and pytest's own bookkeeping,
+# which names the running test (a zygote per test would import TensorFlow per test).
+FORK_SAFE_PREFIXES = (
+    "TF_LMS_",
+    "TFCPU_",
+    "TFLMS_",
+    "TF_GPU_HOST_MEM_LIMIT_IN_MB",
+    "PYTEST_CURRENT_TEST",
+)
+# Zygotes kept alive at once (each holds an imported TensorFlow, 0.3-0.5 GB); the least
+# recently used goes first.
+MAX_ZYGOTES = 2
 
 
 def _import_environment(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -184,9 +194,13 @@ class Zygotes:
         self, argv: list[str], env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess[str]:
         key = _import_environment(env)
-        zygote = self._by_env.get(key)
+        zygote = self._by_env.pop(key, None)
         if zygote is None or zygote.proc.poll() is not None:
-            zygote = self._by_env[key] = Zygote(dict(key))
+            while len(self._by_env) >= MAX_ZYGOTES:
+                oldest = next(iter(self._by_env))
+                self._by_env.pop(oldest).close()
+            zygote = Zygote(dict(key))
+        self._by_env[key] = zygote  # the most recently used last
         return zygote.run(argv, env, timeout)
 
     def close(self) -> None:
