@@ -34,7 +34,7 @@ HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
 # everything one at a time.
 JOBS ?= 2
 # The plain build (`make cpp-test`) runs the same tests as the ASan+UBSan one, which
-# `make test` runs instead: compiling both cost CI a minute of its 30 for no other check.
+# `make test` runs instead: compiling and running both cost CI time for no other check.
 TEST_BINARIES := $(BUILD)/engine_test_asan $(BUILD)/engine_test_tsan \
                  $(if $(HAVE_NVCC),$(BUILD)/cuda_engine_test $(BUILD)/cuda_steps $(BUILD)/cuda_copy_lanes)
 test-binaries: $(TEST_BINARIES)

@@ -21,6 +21,7 @@ can kill it), then its exit status.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -134,16 +135,24 @@ class Zygote:
             text=True,
             bufsize=1,
         )
+        self._pending = b""
 
     def _reply(self, deadline: float) -> dict:
+        # Read from the descriptor with a buffer of our own: a buffered readline could take
+        # the exit status too when a child exits at once, and the select for it would then
+        # wait on an empty pipe until the deadline.
         assert self.proc.stdout is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            if not sel.select(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the TensorFlow zygote exited ({self.proc.poll()})")
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._pending:
+            with selectors.DefaultSelector() as sel:
+                sel.register(fd, selectors.EVENT_READ)
+                if not sel.select(max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise RuntimeError(f"the TensorFlow zygote exited ({self.proc.poll()})")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
         return json.loads(line)
 
     def run(
@@ -168,7 +177,8 @@ class Zygote:
             try:
                 rc = self._reply(deadline)["rc"]
             except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it may have just exited
+                    os.kill(pid, signal.SIGKILL)
                 self._reply(time.monotonic() + 60)
                 stdout, stderr = out.read_text(), err.read_text()
                 raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr) from None
