@@ -195,6 +195,57 @@ def test_compiles_of_both_configurations_share_one_pool_and_report_in_order(
         ]
 
 
+def test_a_header_its_own_source_includes_first_is_judged_by_that_compile(
+    tmp_path: Path,
+) -> None:
+    # Real compiles. A new header whose new .cc includes it first is not compiled alone:
+    # the .cc's compiles judge it, its warnings included (the patch's new files are on
+    # -I, not -isystem), in both configurations. A header its .cc includes after
+    # something else is still compiled alone, as it may not be self-contained.
+    gpu = "tensorflow/core/common_runtime/gpu"
+
+    def guarded(name: str, body: str) -> str:
+        return f"#ifndef {name}_H_\n#define {name}_H_\n{body}#endif\n"
+
+    files = [
+        FileDiff(
+            f"{gpu}/lms_warns.h",
+            new_file=True,
+            content=guarded("WARNS", "inline int W() { int unused = 1; return 0; }\n"),
+        ),
+        FileDiff(
+            f"{gpu}/lms_warns.cc",
+            new_file=True,
+            content=f'#include "{gpu}/lms_warns.h"\nint P() {{ return W(); }}\n',
+        ),
+        FileDiff(f"{gpu}/lms_clean.h", new_file=True, content=guarded("CLEAN", "int C();\n")),
+        FileDiff(
+            f"{gpu}/lms_clean.cc",
+            new_file=True,
+            content='#include "lms_clean.h"\nint C() { return 3; }\n',
+        ),
+        FileDiff(f"{gpu}/lms_late.h", new_file=True, content=guarded("LATE", "int L();\n")),
+        FileDiff(
+            f"{gpu}/lms_late.cc",
+            new_file=True,
+            content=f'#include <cstddef>\n#include "{gpu}/lms_late.h"\nint L() {{ return 4; }}\n',
+        ),
+    ]
+    checks = {f.path: FileCheck(f.path, True, f.added, 0) for f in files}
+    result = VerifyResult(version=VERSION, wheel="", files=list(checks.values()), stale=None)
+    check_compile(files, checks, {}, tmp_path, 2, result)
+    assert not result.problems
+    compiled = {Path(str(c["path"])).name for c in result.compile_summary}
+    assert compiled == {"lms_warns.cc", "lms_clean.cc", "lms_late.cc", "lms_late.h"}
+    assert len(result.compile_summary) == 8  # each in both configurations
+    warns_cc, warns_h = checks[f"{gpu}/lms_warns.cc"], checks[f"{gpu}/lms_warns.h"]
+    assert warns_cc.b == FAIL and all("unused" in note for note in warns_cc.notes), warns_cc
+    assert warns_h.b == FAIL
+    assert warns_h.notes == ["compiled as the first include of lms_warns.cc, warnings counted"]
+    assert checks[f"{gpu}/lms_clean.h"].b == PASS and checks[f"{gpu}/lms_clean.cc"].b == PASS
+    assert checks[f"{gpu}/lms_late.h"].b == PASS and checks[f"{gpu}/lms_late.h"].notes == []
+
+
 @pytest.mark.slow
 def test_full_verify_including_compiles(tmp_path: Path) -> None:
     result = run_verify(VERSION, work=tmp_path, jobs=2)

@@ -11,7 +11,10 @@ TensorFlow's (patched) headers.
 ``patched_include`` is a directory laid out like the wheel's ``include/``
 (``tensorflow/...``, ``xla/...``): either a full copy with the patch applied
 or an overlay holding only the changed and new files. It is searched before
-the wheel's own tree. The LMS engine's headers, which TensorFlow builds with
+the wheel's own tree. ``own_include``, when given, holds the files the patch
+adds, laid out the same way and searched first with ``-I``: their warnings
+then count wherever they are included, so a header whose own .cc includes it
+first is judged by that .cc's compile. The LMS engine's headers, which TensorFlow builds with
 ``strip_include_prefix = "include"``, are found under
 ``tensorflow/core/common_runtime/gpu/lms/core/include`` in it.
 
@@ -117,13 +120,17 @@ def llvm_fallback_flags(wheel_flags: list[str]) -> list[str]:
     return ["-idirafter", str(hosts[-1].parents[2])] if hosts else []
 
 
-def compile_flags(patched_include: Path, cuda: bool, wheel_flags: list[str]) -> list[str]:
+def compile_flags(
+    patched_include: Path, cuda: bool, wheel_flags: list[str], own_include: Path | None = None
+) -> list[str]:
     """The full command line after the compiler, before the file."""
     flags = ["-x", "c++", "-fsyntax-only", *WARNING_FLAGS]
-    engine_include = patched_include / ENGINE_INCLUDE
+    engine_include = (own_include or patched_include) / ENGINE_INCLUDE
     if engine_include.is_dir():
         # The engine is our code: judged with -Werror like the adapter.
         flags += ["-I", str(engine_include)]
+    if own_include is not None:
+        flags += ["-I", str(own_include)]
     flags += ["-isystem", str(patched_include)]
     flags += wheel_flags
     flags += python_binding_flags()
@@ -175,25 +182,32 @@ def _compile_one(compiler: str, flags: list[str], path: Path, cuda: bool) -> Com
 
 
 def compile_check(
-    patched_include: Path, files: list[Path], cuda: bool, jobs: int = 1
+    patched_include: Path,
+    files: list[Path],
+    cuda: bool,
+    jobs: int = 1,
+    own_include: Path | None = None,
 ) -> list[CompileResult]:
     """Compiles each file as its own translation unit; results in `files` order.
 
     Each compile takes about 10 s on a small machine; `jobs` runs that many at
-    once (keep it at 1 or 2 on shared machines).
+    once (keep it at 1 or 2 on shared machines). `own_include`: see the module's
+    docstring.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     patched_include = Path(patched_include)
     if not patched_include.is_dir():
         raise CompileCheckError(f"patched include tree not found: {patched_include}")
+    if own_include is not None and not Path(own_include).is_dir():
+        raise CompileCheckError(f"include tree of the patch's new files not found: {own_include}")
     for f in files:
         if not Path(f).is_file():
             raise CompileCheckError(f"file to compile not found: {f}")
     compiler = _compiler()
     wheel_flags = wheel_compile_flags()
     wheel_include = _wheel_include(wheel_flags)
-    flags = compile_flags(patched_include, cuda, wheel_flags)
+    flags = compile_flags(patched_include, cuda, wheel_flags, own_include)
 
     def one(f: Path) -> CompileResult:
         extra = (

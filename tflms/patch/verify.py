@@ -166,11 +166,20 @@ def check_hunks(
     return patched
 
 
-def _overlay(files: list[FileDiff], patched: dict[str, str], dest: Path) -> dict[str, Path]:
-    """Writes new and patched C++ files into an include overlay; path -> file."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
+def _overlay(
+    files: list[FileDiff], patched: dict[str, str], dest: Path, own: Path
+) -> dict[str, Path]:
+    """Writes the C++ files to compile into two include trees; path -> file.
+
+    TensorFlow's headers the patch changes go to `dest` (searched as a system
+    directory, as the wheel's own headers are); the files the patch adds go
+    to `own` (searched with -I), so that their warnings count in every
+    translation unit that includes them.
+    """
+    for tree in (dest, own):
+        if tree.exists():
+            shutil.rmtree(tree)
+        tree.mkdir(parents=True)
     out: dict[str, Path] = {}
     for fd in files:
         if not fd.path.endswith(CXX_SUFFIXES):
@@ -178,12 +187,37 @@ def _overlay(files: list[FileDiff], patched: dict[str, str], dest: Path) -> dict
         text = fd.content if fd.new_file else patched.get(fd.path)
         if text is None:
             continue
-        target = dest / include_rel(fd.path)
+        target = (own if fd.new_file else dest) / include_rel(fd.path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         out[fd.path] = target
     _link_python_headers(dest)
     return out
+
+
+def headers_judged_by_their_source(files: list[FileDiff]) -> dict[str, str]:
+    """New headers whose new .cc beside them includes them first: header -> .cc.
+
+    That .cc's compile proves the header self-contained (nothing precedes it) and,
+    the patch's new files being searched with -I, counts the header's warnings,
+    in both configurations; compiling the header alone as well would only repeat
+    a TensorFlow-heavy translation unit (about 10 s each on 2 cores).
+    """
+    new = {fd.path: fd for fd in files if fd.new_file}
+    judged: dict[str, str] = {}
+    for path in new:
+        if not path.endswith(".h"):
+            continue
+        source = new.get(path[: -len(".h")] + ".cc")
+        if source is None:
+            continue
+        first = next(
+            (ln.strip() for ln in source.content.splitlines() if ln.startswith("#include")), ""
+        )
+        # A quoted include is looked for beside the includer first, so the bare name counts.
+        if first in (f'#include "{include_rel(path)}"', f'#include "{Path(path).name}"'):
+            judged[path] = source.path
+    return judged
 
 
 def _link_python_headers(dest: Path) -> None:
@@ -222,15 +256,19 @@ def check_compile(
 ) -> None:
     """b): compiles new C++ files and changed headers, with and without CUDA.
 
+    A new header its own .cc includes first is judged by that .cc's compiles
+    (headers_judged_by_their_source).
+
     All compiles of both configurations share one pool of `jobs`, the adapter's files
     first: each takes 10-15 s against about 1 s for an engine file, and running the two
     configurations one after the other, `jobs` files at a time, left a core idle behind
     every slow file (about a minute of the check's five on 2 cores).
     """
-    overlay = _overlay(files, patched, work / "include")
-    targets = list(overlay.items())
-    for tf_path, _ in targets:
+    overlay = _overlay(files, patched, work / "include", work / "new")
+    for tf_path in overlay:
         checks[tf_path].b = SKIP
+    judged_by = headers_judged_by_their_source(files)
+    targets = [(t, p) for t, p in overlay.items() if t not in judged_by]
     if not targets:
         return
     try:
@@ -246,7 +284,9 @@ def check_compile(
     done: dict[tuple[bool, Path], CompileResult] = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         pending = {
-            pool.submit(compile_check, work / "include", [path], cuda=cuda): (cuda, path)
+            pool.submit(
+                compile_check, work / "include", [path], cuda=cuda, own_include=work / "new"
+            ): (cuda, path)
             for cuda, path in sorted(order, key=lambda item: _is_engine_file(item[1]))
         }
         for future in as_completed(pending):
@@ -281,6 +321,12 @@ def check_compile(
             checks[tf_path].b = FAIL
         else:
             checks[tf_path].b = SKIP if SKIP in states else PASS
+    for header, source in judged_by.items():
+        if source in outcome:
+            checks[header].b = checks[source].b
+            checks[header].notes.append(
+                f"compiled as the first include of {Path(source).name}, warnings counted"
+            )
 
 
 def _run_json(cmd: list[str], env: dict[str, str], timeout: int) -> dict[str, object]:
@@ -482,7 +528,8 @@ def run_verify(
         tick("a) done")
         if compile_cpp:
             cxx = [f for f in parts.files if f.path.endswith(CXX_SUFFIXES)]
-            n = sum(1 for f in cxx if f.new_file or f.path in patched)
+            judged = headers_judged_by_their_source(parts.files)
+            n = sum(1 for f in cxx if (f.new_file or f.path in patched) and f.path not in judged)
             step("b) compiling C++ against the patched headers", add_total=2 * n)
             done = _timed(result, "b) compile")
             check_compile(parts.files, checks, patched, work, jobs, result, tick)
