@@ -106,6 +106,8 @@ def program_output(result: dict) -> dict:
         "active_between_steps",
         "prefetch_enabled",
         "first_after_validation",
+        "temp_dir",
+        "autograph_files",
     )
     return {k: v for k, v in result.items() if k not in engine}
 
@@ -171,7 +173,9 @@ def _peak_without_pressure(case: str, floor: int) -> int:
     return peak
 
 
-def test_a_case_forked_from_the_zygote_computes_what_a_fresh_process_does() -> None:
+def test_a_case_forked_from_the_zygote_computes_what_a_fresh_process_does(
+    tmp_path: Path,
+) -> None:
     # Every other test here runs its cases in children of a process that imported
     # TensorFlow (tests/tfcpu_zygote.py). The same program under LMS, started from scratch,
     # must compute the same values bit for bit and move tensors as much.
@@ -179,13 +183,25 @@ def test_a_case_forked_from_the_zygote_computes_what_a_fresh_process_does() -> N
     forked = run_case("cnn", "lms")
     assert program_output(forked) == program_output(fresh) == stock_output("cnn")
     assert forked["stats"]["bytes_reclaimed"] > 0 and fresh["stats"]["bytes_reclaimed"] > 0
+    # And it ends as a process does: autograph's generated source, there while the case
+    # runs, is removed by the exit handler autograph registered (a child leaving by
+    # os._exit left one file per tf.function in /tmp, about 150 a CI run).
+    traced = run_case("forwarding", "lms", {"TMPDIR": str(tmp_path)})
+    assert traced["temp_dir"] == str(tmp_path)
+    assert traced["autograph_files"] > 0
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_zygotes_key_on_what_tensorflow_may_read_at_import_and_stay_few() -> None:
     from tests.tfcpu_zygote import MAX_ZYGOTES, _import_environment
 
     base = {"PATH": "/bin", "TF_CPP_MIN_LOG_LEVEL": "1"}
-    later = {"TF_LMS_PREFETCH": "1", "TFCPU_DEVICE_MEMORY": "1MiB", "PYTEST_CURRENT_TEST": "x"}
+    later = {
+        "TF_LMS_PREFETCH": "1",
+        "TFCPU_DEVICE_MEMORY": "1MiB",
+        "PYTEST_CURRENT_TEST": "x",
+        "TMPDIR": "/x",
+    }
     # What tflms reads once TensorFlow makes its devices, and which test runs, share a
     # zygote; TensorFlow's own log level, read at import, does not.
     assert _import_environment({**base, **later}) == _import_environment(base)

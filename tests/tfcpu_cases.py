@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -786,6 +787,8 @@ def host_exchange(tf: Any) -> dict[str, Any]:
     return {"values": _hex(values), "moved": moved}
 
 
+AUTOGRAPH_PREFIX = "__autograph_generated_file"
+
 CASES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "cnn": cnn,
     "rnn": rnn,
@@ -824,6 +827,13 @@ def main(argv: list[str]) -> None:
     start = time.perf_counter()
     result = CASES[case](tf)
     result["wall_s"] = time.perf_counter() - start
+    # Where autograph's generated sources went, and how many are there while the process
+    # lives (they are removed at its exit): a test checks that none outlives its case.
+    temp = tempfile.gettempdir()
+    result["temp_dir"] = temp
+    result["autograph_files"] = sum(
+        1 for name in os.listdir(temp) if name.startswith(AUTOGRAPH_PREFIX)
+    )
     if mode != "stock":
         import tflms.tfcpu as tc
 

@@ -17,10 +17,16 @@ such environment. The protocol is one JSON line each way per case, on the zygote
 and stdout: the request names the case, the environment and the files for the child's
 stdout and stderr; the reply first gives the child's pid (so that a caller's timeout
 can kill it), then its exit status.
+
+A child ends as a fresh process would, as far as the case can tell: the exit handlers
+registered in it run (autograph registers one per generated source file, which it removes;
+the zygote's own handlers are not the child's to run), and the temporary directory is
+looked up again from the child's environment.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -36,14 +42,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # Read only after TensorFlow's import: by tflms's library when it is loaded and when the
-# device's allocator is made, and by the cases themselves; and pytest's own bookkeeping,
-# which names the running test (a zygote per test would import TensorFlow per test).
+# device's allocator is made, and by the cases themselves; pytest's own bookkeeping,
+# which names the running test (a zygote per test would import TensorFlow per test); and
+# TMPDIR, which TensorFlow's Python reads only through `tempfile`, whose cached directory
+# the child forgets.
 FORK_SAFE_PREFIXES = (
     "TF_LMS_",
     "TFCPU_",
     "TFLMS_",
     "TF_GPU_HOST_MEM_LIMIT_IN_MB",
     "PYTEST_CURRENT_TEST",
+    "TMPDIR",
 )
 # Zygotes kept alive at once (each holds an imported TensorFlow, 0.3-0.5 GB); the least
 # recently used goes first.
@@ -58,11 +67,13 @@ def _import_environment(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
 def _child(request: dict, replies: int) -> None:
     """In the forked child: become the case's process, run it, never return."""
     code = 1
+    atexit._clear()  # noqa: SLF001 - the zygote's handlers; the child runs only its own
     try:
         os.close(replies)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        tempfile.tempdir = None  # looked up again, from TMPDIR as the case's process has it
         devnull = os.open(os.devnull, os.O_RDONLY)
         out = os.open(request["stdout"], os.O_WRONLY | os.O_TRUNC)
         err = os.open(request["stderr"], os.O_WRONLY | os.O_TRUNC)
@@ -89,6 +100,12 @@ def _child(request: dict, replies: int) -> None:
         traceback.print_exc()
         code = 1
     finally:
+        try:
+            # os._exit runs no exit handler: without this, every source file autograph
+            # generated in the child stayed in the temporary directory.
+            atexit._run_exitfuncs()  # noqa: SLF001
+        except BaseException:  # noqa: BLE001 - reported as an interpreter at exit would
+            traceback.print_exc()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
