@@ -201,7 +201,8 @@ def test_a_header_its_own_source_includes_first_is_judged_by_that_compile(
     # Real compiles. A new header whose new .cc includes it first is not compiled alone:
     # the .cc's compiles judge it, its warnings included (the patch's new files are on
     # -I, not -isystem), in both configurations. A header its .cc includes after
-    # something else is still compiled alone, as it may not be self-contained.
+    # something else, or under an #if, is still compiled alone: it may not be
+    # self-contained, or not compiled in both configurations.
     gpu = "tensorflow/core/common_runtime/gpu"
 
     def guarded(name: str, body: str) -> str:
@@ -224,6 +225,12 @@ def test_a_header_its_own_source_includes_first_is_judged_by_that_compile(
             new_file=True,
             content='#include "lms_clean.h"\nint C() { return 3; }\n',
         ),
+        FileDiff(f"{gpu}/lms_cuda.h", new_file=True, content=guarded("CUDA", "int G();\n")),
+        FileDiff(
+            f"{gpu}/lms_cuda.cc",
+            new_file=True,
+            content='#if GOOGLE_CUDA\n#include "lms_cuda.h"\n#endif\nint G() { return 5; }\n',
+        ),
         FileDiff(f"{gpu}/lms_late.h", new_file=True, content=guarded("LATE", "int L();\n")),
         FileDiff(
             f"{gpu}/lms_late.cc",
@@ -236,8 +243,10 @@ def test_a_header_its_own_source_includes_first_is_judged_by_that_compile(
     check_compile(files, checks, {}, tmp_path, 2, result)
     assert not result.problems
     compiled = {Path(str(c["path"])).name for c in result.compile_summary}
-    assert compiled == {"lms_warns.cc", "lms_clean.cc", "lms_late.cc", "lms_late.h"}
-    assert len(result.compile_summary) == 8  # each in both configurations
+    assert compiled == {
+        "lms_warns.cc", "lms_clean.cc", "lms_cuda.cc", "lms_cuda.h", "lms_late.cc", "lms_late.h"
+    }  # fmt: skip
+    assert len(result.compile_summary) == 12  # each in both configurations
     warns_cc, warns_h = checks[f"{gpu}/lms_warns.cc"], checks[f"{gpu}/lms_warns.h"]
     assert warns_cc.b == FAIL and all("unused" in note for note in warns_cc.notes), warns_cc
     assert warns_h.b == FAIL

@@ -91,7 +91,9 @@ def render_report(result: VerifyResult) -> str:
         "- **a)** the hunk applies cleanly (exact context, as `git apply`) to the wheel's copy "
         "of the file (headers under `include/`, Python sources);",
         "- **b)** the file compiles with `-Wall -Wextra -Werror` against the patched headers "
-        "plus the wheel's third-party headers, with `GOOGLE_CUDA` defined and not;",
+        "plus the wheel's third-party headers, with `GOOGLE_CUDA` defined and not (a new "
+        "header that its own new .cc includes first is compiled as part of that .cc, its "
+        "warnings counted there);",
         "- **c)** the Python half runs in a patched copy of the wheel's Python package "
         "(checks listed below, and the patch's own Python tests);",
         "- **g)** API golden hunks turn the goldens regenerated from the wheel into those "

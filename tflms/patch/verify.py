@@ -211,8 +211,10 @@ def headers_judged_by_their_source(files: list[FileDiff]) -> dict[str, str]:
         source = new.get(path[: -len(".h")] + ".cc")
         if source is None:
             continue
+        # The first directive of all: one under an #if might not be compiled in both
+        # configurations.
         first = next(
-            (ln.strip() for ln in source.content.splitlines() if ln.startswith("#include")), ""
+            (ln.strip() for ln in source.content.splitlines() if ln.lstrip().startswith("#")), ""
         )
         # A quoted include is looked for beside the includer first, so the bare name counts.
         if first in (f'#include "{include_rel(path)}"', f'#include "{Path(path).name}"'):
