@@ -222,6 +222,22 @@ def headers_judged_by_their_source(files: list[FileDiff]) -> dict[str, str]:
     return judged
 
 
+def _compile_plan(
+    files: list[FileDiff], patched: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """b)'s work: the files compiled alone (each in both configurations), in `files`
+    order, and the new headers judged by their own .cc instead (header -> .cc)."""
+    judged = headers_judged_by_their_source(files)
+    alone = [
+        fd.path
+        for fd in files
+        if fd.path.endswith(CXX_SUFFIXES)
+        and (fd.new_file or fd.path in patched)
+        and fd.path not in judged
+    ]
+    return alone, judged
+
+
 def _link_python_headers(dest: Path) -> None:
     """Makes pybind11 and Python.h visible to the pybind wrapper of the patch.
 
@@ -269,8 +285,8 @@ def check_compile(
     overlay = _overlay(files, patched, work / "include", work / "new")
     for tf_path in overlay:
         checks[tf_path].b = SKIP
-    judged_by = headers_judged_by_their_source(files)
-    targets = [(t, p) for t, p in overlay.items() if t not in judged_by]
+    alone, judged_by = _compile_plan(files, patched)
+    targets = [(t, overlay[t]) for t in alone]
     if not targets:
         return
     try:
@@ -529,10 +545,8 @@ def run_verify(
         done()
         tick("a) done")
         if compile_cpp:
-            cxx = [f for f in parts.files if f.path.endswith(CXX_SUFFIXES)]
-            judged = headers_judged_by_their_source(parts.files)
-            n = sum(1 for f in cxx if (f.new_file or f.path in patched) and f.path not in judged)
-            step("b) compiling C++ against the patched headers", add_total=2 * n)
+            alone, _ = _compile_plan(parts.files, patched)
+            step("b) compiling C++ against the patched headers", add_total=2 * len(alone))
             done = _timed(result, "b) compile")
             check_compile(parts.files, checks, patched, work, jobs, result, tick)
             done()
