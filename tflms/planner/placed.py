@@ -31,7 +31,9 @@ import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from tflms.planner.memory_walk import walk_memory_plan
 from tflms.planner.replay import StepPlan
+from tflms.planner.static_layout import static_layout
 from tflms.planner.yardsticks import Buffers, _memory_plan, _MemoryPlan, _timeline, plan_buffers
 
 # Fractions of the device the memory plan leaves unused (placed in the whole device).
@@ -52,6 +54,13 @@ class PlacedRun:
     moved_bytes: int = 0
     compactions: int = 0
     d2h_bytes: int = 0
+    # The same memory plan laid out ahead of time (static_layout.py): the most bytes live at
+    # once, what the greedy layout needs, and whether that is within the device, in which case
+    # the schedule moves nothing and steps in `unmoved_step_s`.
+    live_peak: int = 0
+    layout_peak: int = 0
+    layout_fits: bool = False
+    unmoved_step_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -61,18 +70,28 @@ class PlacedRun:
 class PlacedIdeal:
     in_order_s: float  # the in-order Ideal, which knows no addresses
     runs: tuple[PlacedRun, ...]
+    device_memory: int = 0
 
     @property
     def best(self) -> PlacedRun | None:
         fitting = [r for r in self.runs if r.fits]
         return min(fitting, key=lambda r: r.step_time_s) if fitting else None
 
+    @property
+    def best_laid_out(self) -> PlacedRun | None:
+        """The fastest slack whose layout planned ahead fits the device."""
+        fitting = [r for r in self.runs if r.fits and r.layout_fits]
+        return min(fitting, key=lambda r: r.unmoved_step_s) if fitting else None
+
     def to_json(self) -> dict[str, Any]:
-        best = self.best
+        best, laid_out = self.best, self.best_laid_out
         return {
             "in_order_s": self.in_order_s,
+            "device_memory": self.device_memory,
             "step_time_s": best.step_time_s if best else None,
             "slack": best.slack if best else None,
+            "laid_out_step_s": laid_out.unmoved_step_s if laid_out else None,
+            "laid_out_slack": laid_out.slack if laid_out else None,
             "runs": [r.to_json() for r in self.runs],
         }
 
@@ -154,56 +173,23 @@ class _Placement:
 
 
 def _place(mp: _MemoryPlan, b: Buffers, device_memory: int) -> _Placement:
-    """Walks the memory plan's steps as _MemoryPlan.run did, placing every allocation."""
-    n, steps = mp.n, mp.steps
+    """Places every allocation of the memory plan's walk best fit, making room where none fits."""
+    steps = mp.steps
     space = _AddressSpace(device_memory)
-    evicted_at: dict[int, list[int]] = {}
-    for ev in mp.evictions:
-        evicted_at.setdefault(ev.at, []).append(ev.key)
-    issued_at: dict[int, list[int]] = {}
-    for c in mp.copy_ins:
-        issued_at.setdefault(c.issue, []).append(c.key)
-    out = _Placement([0] * (n * steps), [0] * steps, [0] * steps, [0] * steps)
-    on_device: set[int] = set()
+    out = _Placement([0] * (mp.n * steps), [0] * steps, [0] * steps, [0] * steps)
 
     def allocate(key: int, p: int, keep: frozenset[int]) -> None:
         nbytes = mp.size(key)
         if not space.allocate(key, nbytes):
-            step = p // n
+            step = p // mp.n
             before = space.compactions
             moved, touched_kept = space.make_room(key, nbytes, keep)
             out.failed[step] += 1
             out.kernel_inputs[step] += touched_kept
             out.compactions[step] += space.compactions - before
             out.moved_at[p] += moved
-        on_device.add(key)
 
-    for s in range(steps):
-        start = s * n
-        arriving = [mp.key(t, s) for t in b.step_inputs]
-        if s == 0:
-            arriving += sorted(b.persistent)
-        for key in arriving:
-            allocate(key, start, frozenset())
-        for i in range(n):
-            p = start + i
-            # The op waits for its evictions' copies out: their room is free when it starts.
-            for key in evicted_at.get(p, ()):
-                space.free(key)
-                on_device.discard(key)
-            made = {mp.key(t, s) for t in b.creates[i]}
-            inputs = frozenset(mp.key(t, s) for t in b.pins[i]) - made
-            for key in issued_at.get(p, ()):
-                allocate(key, p, inputs)
-            for t in b.pins[i]:
-                key = mp.key(t, s)
-                if key not in on_device:  # made by this op
-                    allocate(key, p, inputs)
-            for t in b.frees[i]:
-                key = mp.key(t, s)
-                if key in on_device:
-                    space.free(key)
-                    on_device.discard(key)
+    walk_memory_plan(mp, b, allocate, space.free)
     return out
 
 
@@ -229,7 +215,8 @@ def placed_ideal(
     whole = _memory_plan(plan, device_memory, steps)
     if not isinstance(whole, _MemoryPlan):
         if whole.fits:  # a plan without ops: nothing to place
-            return PlacedIdeal(0.0, tuple(PlacedRun(s, fits=True) for s in slacks))
+            runs = tuple(PlacedRun(s, fits=True, layout_fits=True) for s in slacks)
+            return PlacedIdeal(0.0, runs, device_memory)
         raise ValueError("the ideal schedule does not fit: some op pins more than the device")
     b = plan_buffers(plan)
     timing = (link_gbps * 1e9, launch_s, latency_s, launch_queue_depth, True)
@@ -244,7 +231,7 @@ def placed_ideal(
             runs.append(PlacedRun(slack, fits=False))
         if on_slack is not None:
             on_slack()
-    return PlacedIdeal(in_order_s, tuple(runs))
+    return PlacedIdeal(in_order_s, tuple(runs), device_memory)
 
 
 def _placed_run(
@@ -262,6 +249,8 @@ def _placed_run(
         plan, kernel_s=_with_moves(plan.kernel_s, measured, device_copy_gbps)
     )
     res = _timeline(moved_plan, mp, *timing)
+    unmoved = _timeline(plan, mp, *timing)
+    layout = static_layout(mp, b)
     return PlacedRun(
         slack,
         fits=True,
@@ -271,6 +260,10 @@ def _placed_run(
         moved_bytes=sum(measured),
         compactions=placement.compactions[-1],
         d2h_bytes=res.d2h_bytes,
+        live_peak=layout.live_peak,
+        layout_peak=layout.peak,
+        layout_fits=layout.peak <= device_memory,
+        unmoved_step_s=unmoved.step_time_s,
     )
 
 
@@ -288,10 +281,11 @@ def format_placed(report: dict[str, Any]) -> str:
     """The text `tflms simulate --placed` prints."""
     from tflms.planner.report import table
 
+    device = report["device_memory"]
     rows = []
     for r in report["runs"]:
         if not r["fits"]:
-            rows.append([f"{r['slack']:.0%}", "does not fit", "-", "-", "-", "-"])
+            rows.append([f"{r['slack']:.0%}", "does not fit", "-", "-", "-", "-", "-"])
             continue
         rows.append(
             [
@@ -301,12 +295,23 @@ def format_placed(report: dict[str, Any]) -> str:
                 str(r["failed_placements"]),
                 str(r["needs_kernel_inputs"]),
                 f"{r['moved_bytes'] / 1e9:.2f} GB",
+                f"{r['layout_peak'] / device:.3f}x" if device else "-",
             ]
         )
     head = (
         "The in-order Ideal placed with addresses (best fit; where no hole fits, tensors moved at "
         "the device's copy rate before the op; the memory plan made for the device less the "
-        f"slack). In-order Ideal without addresses: {report['in_order_s']:.3f} s."
+        f"slack). In-order Ideal without addresses: {report['in_order_s']:.3f} s. Laid out "
+        "ahead: the address space the same plan needs when every stay on the device is given "
+        "its address before the step (largest first, nothing moved), as a multiple of the device."
     )
+    if report.get("laid_out_step_s") is not None:
+        tail = (
+            f"Laid out ahead, the plan fits the device at {report['laid_out_slack']:.0%} slack "
+            f"and steps in {report['laid_out_step_s']:.3f} s, moving nothing."
+        )
+    else:
+        tail = "Laid out ahead, the plan fits the device at no slack tried."
     cols = ["slack", "step", "vs in order", "no hole", "of them, inputs moved", "moved"]
-    return textwrap.fill(head, 100) + "\n\n" + table(cols, rows)
+    cols.append("laid out ahead")
+    return textwrap.fill(head, 100) + "\n\n" + table(cols, rows) + "\n\n" + tail
