@@ -17,6 +17,12 @@
 //       Replays one trace through TF's BFC and the engine with LMS off in
 //       lock step and prints what each did (OOM points, statistics, first
 //       step where bytes in use or chunk offsets differ).
+//   tf_bfc_harness profile variant=NAME [trace=training|random] [reps=N]
+//       Replays one trace through one variant of `bench` (tf_bfc,
+//       engine_lms_off_raw, engine_lms_on_raw, engine_lms_on_buffer,
+//       engine_lms_on_tensor) once untimed and then `reps` times, and prints
+//       its nanoseconds per pair: one allocator alone in the process, for a
+//       profiler (bench/README.md, "Where the time goes").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -327,7 +333,8 @@ std::string JsonList(const std::vector<int64_t>& v) {
 // ---------------------------------------------------------------------------
 // bench
 
-std::string BenchTrace(const Trace& t, size_t memory_limit, int reps) {
+std::vector<std::unique_ptr<Variant>> MakeVariants(const Trace& t,
+                                                   size_t memory_limit) {
   TfBfcOptions tf;
   tf.memory_limit = memory_limit;
   EngineSetup off;
@@ -342,6 +349,11 @@ std::string BenchTrace(const Trace& t, size_t memory_limit, int reps) {
       new EngineBufferVariant("engine_lms_on_buffer", on, t.num_ids, false));
   variants.emplace_back(
       new EngineBufferVariant("engine_lms_on_tensor", on, t.num_ids, true));
+  return variants;
+}
+
+std::string BenchTrace(const Trace& t, size_t memory_limit, int reps) {
+  std::vector<std::unique_ptr<Variant>> variants = MakeVariants(t, memory_limit);
   const size_t n = variants.size();
   std::vector<std::vector<double>> ns(n);
   // One untimed replay each: regions grow, bins and chunk tables warm up.
@@ -485,16 +497,24 @@ std::string BenchBookkeeping(const std::vector<size_t>& limits) {
   return out + "]";
 }
 
+// The bench's two traces and the memory limit each runs under.
+constexpr size_t kTrainingLimit = size_t{8} << 30;
+constexpr size_t kRandomLimit = size_t{4} << 30;
+Trace BenchTrainingTrace(bool full) {
+  return TrainingTrace(1, /*batch=*/16, full ? 200 : 4);
+}
+Trace BenchRandomTrace(bool full) {
+  return RandomTrace(2, full ? 1000000 : 50000, 1000, 1 << 20);
+}
+
 int RunBench(const Args& args) {
   const int reps = static_cast<int>(args.U64("reps", 7));
   const bool full = args.Str("scale", "full") == "full";
   const int paging_reps = static_cast<int>(args.U64("paging_reps", 9));
-  Trace training = TrainingTrace(1, /*batch=*/16, full ? 200 : 4);
-  Trace random = RandomTrace(2, full ? 1000000 : 50000, 1000, 1 << 20);
   std::string out = "{\"traces\": [";
-  out += BenchTrace(training, size_t{8} << 30, reps);
+  out += BenchTrace(BenchTrainingTrace(full), kTrainingLimit, reps);
   out += ", ";
-  out += BenchTrace(random, size_t{4} << 30, reps);
+  out += BenchTrace(BenchRandomTrace(full), kRandomLimit, reps);
   out += "], \"paging\": ";
   std::vector<size_t> sizes = {size_t{1} << 20, size_t{16} << 20};
   if (full) sizes.push_back(size_t{128} << 20);
@@ -504,6 +524,32 @@ int RunBench(const Args& args) {
   out += "}";
   std::printf("%s\n", out.c_str());
   return 0;
+}
+
+int RunProfile(const Args& args) {
+  const std::string trace = args.Str("trace", "random");
+  if (trace != "random" && trace != "training") {
+    Die("trace must be random or training, got '" + trace + "'");
+  }
+  const bool random = trace == "random";
+  const Trace t = random ? BenchRandomTrace(true) : BenchTrainingTrace(true);
+  const std::string name = args.Str("variant", "");
+  for (auto& v : MakeVariants(t, random ? kRandomLimit : kTrainingLimit)) {
+    if (v->name() != name) continue;
+    const int reps = static_cast<int>(args.U64("reps", 3));
+    if (v->Replay(t) != 0) Die(name + " ran out of memory");
+    auto t0 = Clock::now();
+    for (int r = 0; r < reps; ++r) {
+      if (v->Replay(t) != 0) Die(name + " failed allocations");
+    }
+    double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+    std::printf("{\"variant\": \"%s\", \"trace\": \"%s\", \"ns_per_pair\": %.1f}\n",
+                name.c_str(), trace.c_str(),
+                ns / static_cast<double>(reps) / static_cast<double>(t.num_allocs));
+    return 0;
+  }
+  Die("no variant '" + name + "'; one of tf_bfc, engine_lms_off_raw, "
+      "engine_lms_on_raw, engine_lms_on_buffer, engine_lms_on_tensor");
 }
 
 // ---------------------------------------------------------------------------
@@ -715,9 +761,12 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "bench") return tflms_bench::RunBench(tflms_bench::Args(argc, argv));
   if (mode == "parity") return tflms_bench::RunParity(tflms_bench::Args(argc, argv));
+  if (mode == "profile") return tflms_bench::RunProfile(tflms_bench::Args(argc, argv));
   std::fprintf(stderr,
                "usage: tf_bfc_harness bench [reps=N] [scale=small|full]\n"
                "       tf_bfc_harness parity trace=training|random|large limit=BYTES "
-               "[capacity=BYTES] [growth=0|1] [fraction=F] [seed=S]\n");
+               "[capacity=BYTES] [growth=0|1] [fraction=F] [seed=S]\n"
+               "       tf_bfc_harness profile variant=NAME [trace=training|random] "
+               "[reps=N]\n");
   return 2;
 }

@@ -178,3 +178,21 @@ def test_full_device_fails_small_request_instead_of_spinning(
     assert eng["oom_allocs"] == [2] and eng["num_ooms"] == 1
     assert eng["peak_bytes_in_use"] == eng["bytes_reserved"] == 6 * MiB
     assert eng["num_allocs"] == 2 and eng["bytes_in_use"] == 0
+
+
+def test_the_profile_mode_runs_one_variant_alone(harness: tuple[Path, dict[str, str]]) -> None:
+    """`profile` (bench/README.md) replays one bench variant for a profiler; a name that is
+    not a variant is refused with the list of names."""
+    binary, env = harness
+    for variant in ("tf_bfc", "engine_lms_on_tensor"):
+        cmd = [str(binary), "profile", f"variant={variant}", "trace=training", "reps=1"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = json.loads(proc.stdout)
+        assert out["variant"] == variant and out["trace"] == "training"
+        assert out["ns_per_pair"] > 0
+    proc = subprocess.run(
+        [str(binary), "profile", "variant=engine"], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 2
+    assert "no variant 'engine'" in proc.stderr and "engine_lms_on_buffer" in proc.stderr
