@@ -22,6 +22,9 @@ slides wait for the host). The window choice is greedy; a better one would move 
 `needs_kernel_inputs` counts the requests whose room was made by moving an input of the
 requesting kernel (every window tried held one, or the full compaction moved one), which the
 engine could not have moved then: such room has to be made before that kernel pins its inputs.
+
+Each slack's plan is also laid out ahead (static_layout.py): the address space it needs when
+every stay on the device gets its address before the step and nothing moves.
 """
 
 from __future__ import annotations
