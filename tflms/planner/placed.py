@@ -229,7 +229,11 @@ def placed_ideal(
         memory = int(device_memory * (1.0 - slack))
         mp = whole if slack == 0.0 else _memory_plan(plan, memory, steps)
         if isinstance(mp, _MemoryPlan):
-            runs.append(_placed_run(slack, plan, mp, b, device_memory, device_copy_gbps, timing))
+            # The whole device's plan unmoved is the in-order Ideal itself.
+            unmoved_s = in_order_s if mp is whole else _timeline(plan, mp, *timing).step_time_s
+            runs.append(
+                _placed_run(slack, plan, mp, b, device_memory, device_copy_gbps, timing, unmoved_s)
+            )
         else:
             runs.append(PlacedRun(slack, fits=False))
         if on_slack is not None:
@@ -245,6 +249,7 @@ def _placed_run(
     device_memory: int,
     device_copy_gbps: float,
     timing: tuple[float, float, float, int, bool],
+    unmoved_s: float,
 ) -> PlacedRun:
     placement = _place(mp, b, device_memory)
     measured = placement.moved_at[(mp.steps - 1) * mp.n :]
@@ -252,7 +257,6 @@ def _placed_run(
         plan, kernel_s=_with_moves(plan.kernel_s, measured, device_copy_gbps)
     )
     res = _timeline(moved_plan, mp, *timing)
-    unmoved = _timeline(plan, mp, *timing)
     layout = static_layout(mp, b)
     return PlacedRun(
         slack,
@@ -266,7 +270,7 @@ def _placed_run(
         live_peak=layout.live_peak,
         layout_peak=layout.peak,
         layout_fits=layout.peak <= device_memory,
-        unmoved_step_s=unmoved.step_time_s,
+        unmoved_step_s=unmoved_s,
     )
 
 
@@ -315,6 +319,13 @@ def format_placed(report: dict[str, Any]) -> str:
         )
     else:
         tail = "Laid out ahead, the plan fits the device at no slack tried."
-    cols = ["slack", "step", "vs in order", "no hole", "of them, inputs moved", "moved"]
-    cols.append("laid out ahead")
+    cols = [
+        "slack",
+        "step",
+        "vs in order",
+        "no hole",
+        "of them, inputs moved",
+        "moved",
+        "laid out ahead",
+    ]
     return textwrap.fill(head, 100) + "\n\n" + table(cols, rows) + "\n\n" + tail

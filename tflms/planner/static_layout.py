@@ -8,7 +8,7 @@ layout for the Ideal's memory plan and says how much address space it needs:
 
 - every stay of a buffer on the device (from its allocation, or its copy in's reservation, to
   its death or its page-out) is one interval in time with a size, in the order the memory
-  plan's walk makes and frees them (placed.walk_memory_plan);
+  plan's walk makes and frees them (memory_walk.walk_memory_plan);
 - intervals are given offsets greedily, largest first (ties: earliest first), each at the start
   of the smallest gap that holds it among the intervals it overlaps in time, or above all of
   them: the greedy-by-size heuristic of offline tensor arena planners;
@@ -127,9 +127,6 @@ def _best_gap(lo: np.ndarray, hi: np.ndarray, size: int) -> int:
 class StaticLayout:
     live_peak: int  # the most bytes on the device at once: no layout needs less
     peak: int  # what the greedy layout needs
-
-    def to_json(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
 
 
 def static_layout(mp: _MemoryPlan, b: Buffers) -> StaticLayout:
