@@ -50,6 +50,13 @@ class Engine:
     the add-on set 8): while tensors are on the host, the host waits at every last-use
     epoch (32 unpins) until the GPU has done the kernels of that many epochs before
     (EngineOptions::run_ahead_epochs).
+
+    ``unfragmented`` (a yardstick, not a mode to run): the arena has 4x ``device_memory``
+    of addresses while the bytes in use stay within the LMS limit, so a request whose
+    bytes are free always finds them in one piece; what only addresses call for
+    (placement beside what cannot leave, relocation, defragmentation, slides) is left
+    out. A replay with it is the engine's eviction and prefetch with addresses taken
+    out (EngineOptions::unfragmented). Needs ``lms``; not with ``fixed_addresses``.
     """
 
     def __init__(
@@ -79,6 +86,7 @@ class Engine:
         verify_pins: bool = False,
         prefetch_guard: bool = False,
         run_ahead_epochs: int = 0,
+        unfragmented: bool = False,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -133,6 +141,7 @@ class Engine:
             launch_queue_depth=launch_queue_depth,
             verify_pins=verify_pins,
             prefetch_guard=prefetch_guard,
+            unfragmented=unfragmented,
             run_ahead_epochs=run_ahead_epochs,
         )
         self.device_memory = device_memory

@@ -67,6 +67,14 @@ constexpr int kMaxCompactionPasses = 8;
 // Buffers slid per SlideFor call.
 constexpr int kMaxSlides = 256;
 
+// Unfragmented (EngineOptions::unfragmented), a free chunk holds any request
+// whose bytes are free, and a move would take its destination's bytes
+// before freeing its source's, past the LMS limit that holds the device
+// there: nothing moves.
+Status NothingToUndo() {
+  return ResourceExhausted("unfragmented: no fragmentation to undo");
+}
+
 }  // namespace
 
 bool Engine::Impl::Movable(const Buffer* b) const {
@@ -150,6 +158,7 @@ Status Engine::Impl::MoveBuffers(
 Status Engine::Impl::DefragFor(std::unique_lock<std::mutex>& lock,
                                size_t rounded, size_t* moved) {
   *moved = 0;
+  if (options_.unfragmented) return NothingToUndo();
   TFLMS_RETURN_IF_ERROR(SyncLastUses(lock));
   struct Window {
     size_t cost;
@@ -211,6 +220,7 @@ Status Engine::Impl::DefragFor(std::unique_lock<std::mutex>& lock,
 Status Engine::Impl::SlideFor(std::unique_lock<std::mutex>& lock,
                               size_t rounded, size_t* moved) {
   *moved = 0;
+  if (options_.unfragmented) return NothingToUndo();
   TFLMS_RETURN_IF_ERROR(SyncLastUses(lock));
   // The run whose free bytes reach `rounded` with the fewest bytes to move.
   const char* lo = nullptr;
@@ -409,8 +419,9 @@ void Engine::Impl::EndMoveLocked(Buffer* b) {
 Status Engine::Impl::Defragment(size_t* bytes_moved) {
   *bytes_moved = 0;
   // Fixed-address mode: nothing may move, and there is no physical
-  // fragmentation to undo (any page backs any address).
-  if (fixed_) return Status::Ok();
+  // fragmentation to undo (any page backs any address); nor is there
+  // unfragmented.
+  if (fixed_ || options_.unfragmented) return Status::Ok();
   std::unique_lock<std::mutex> lock(mu_);
   TFLMS_RETURN_IF_ERROR(SyncLastUses(lock));
   for (int pass = 0; pass < kMaxCompactionPasses; ++pass) {

@@ -22,6 +22,7 @@
 // return memory meanwhile; the ladder therefore re-searches after each step
 // and repeats while a pass still makes progress.
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "engine_impl.h"
@@ -114,6 +115,21 @@ Status Engine::Impl::Init() {
         std::to_string(kMaxRunAheadEpochs) +
         ": the engine keeps the events of that many epochs");
   }
+  if (options_.unfragmented && options_.fixed_addresses) {
+    return InvalidArgument(
+        "unfragmented takes fragmentation out of the normal mode; "
+        "fixed_addresses has none to take out: set one of them");
+  }
+  if (options_.unfragmented && !options_.lms_enabled) {
+    return InvalidArgument(
+        "unfragmented measures LMS without fragmentation: it needs "
+        "lms_enabled");
+  }
+  if (options_.unfragmented &&
+      options_.memory_limit >
+          std::numeric_limits<size_t>::max() / kUnfragmentedAddressFactor) {
+    return InvalidArgument("memory_limit too large for unfragmented");
+  }
   TFLMS_RETURN_IF_ERROR(SetLmsLimit(options_.lms_limit));
   if (options_.prefetch_budget_bytes == 0) {
     options_.prefetch_budget_bytes = options_.memory_limit / 8;
@@ -128,6 +144,10 @@ Status Engine::Impl::Init() {
   device_sub_ = std::make_unique<DeviceSubAllocator>(device_);
   BfcArena::Options arena_options;
   arena_options.memory_limit = options_.memory_limit;
+  if (options_.unfragmented) {
+    arena_options.memory_limit *= kUnfragmentedAddressFactor;
+    arena_options.split_always = true;  // a chunk holds what was asked
+  }
   arena_options.allow_growth = options_.allow_growth;
   arena_options.fragmentation_fraction = options_.fragmentation_fraction;
   arena_ = std::make_unique<BfcArena>(device_sub_.get(), arena_options);
@@ -177,8 +197,10 @@ BfcArena::ChunkHandle Engine::Impl::AllocateChunk(
   // Callers passed RejectLargerThanDevice (buffers were created through it),
   // so rounding cannot overflow here.
   const size_t rounded = BfcArena::RoundedBytes(bytes);
+  // Unfragmented (a yardstick), the arena's addresses outnumber the
+  // device's bytes, so the LMS limit is what holds the device.
   auto find = [&](bool respect_limit) {
-    if (respect_limit && options_.lms_enabled &&
+    if ((respect_limit || options_.unfragmented) && options_.lms_enabled &&
         arena_->bytes_in_use() + rounded > lms_limit_) {
       return BfcArena::kInvalidChunk;
     }

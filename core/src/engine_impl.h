@@ -705,6 +705,10 @@ class Engine::Impl {
   // The largest allocation the planned step makes within the next `pins`
   // pins; 0 while no plan is followed.
   size_t LargestAllocationDueLocked(size_t pins) const;
+  // The largest request the device could still take once a free chunk took
+  // `rounded`: the largest hole left (BfcArena::LargestFreeAfterTaking),
+  // and unfragmented also no more than the bytes the LMS limit leaves.
+  size_t RoomAfterTakingLocked(size_t rounded) const;
   // Whether the planned step pins `b` within the next `pins` pins.
   bool PinDueLocked(const Buffer* b, size_t pins) const;
   // Rounded bytes of the buffers other than `except` that the planned step

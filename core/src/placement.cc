@@ -49,9 +49,10 @@ bool LargeForPlacement(size_t rounded, size_t memory_limit) {
 
 bool Engine::Impl::PlacementPressure() const {
   // Fixed-address mode maps pages behind any virtual address: no physical
-  // fragmentation to avoid. Without bytes on the host nothing was evicted
-  // yet, and best fit keeps TensorFlow's placement.
-  return options_.lms_enabled && !fixed_ &&
+  // fragmentation to avoid; nor has the unfragmented yardstick. Without
+  // bytes on the host nothing was evicted yet, and best fit keeps
+  // TensorFlow's placement.
+  return options_.lms_enabled && !fixed_ && !options_.unfragmented &&
          counters_.current_bytes_reclaimed > 0;
 }
 

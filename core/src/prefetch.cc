@@ -315,6 +315,16 @@ size_t Engine::Impl::LargestAllocationBetween(size_t from, size_t to) const {
   return largest;
 }
 
+size_t Engine::Impl::RoomAfterTakingLocked(size_t rounded) const {
+  const size_t hole = arena_->LargestFreeAfterTaking(rounded);
+  // Within the device, the hole bounds the bytes free too. Unfragmented,
+  // the arena's addresses outnumber the device's bytes, and only the bytes
+  // say what the request leaves.
+  if (!options_.unfragmented) return hole;
+  const size_t in_use = arena_->bytes_in_use() + rounded;
+  return std::min(hole, in_use >= lms_limit_ ? 0 : lms_limit_ - in_use);
+}
+
 size_t Engine::Impl::LargestAllocationDueLocked(size_t pins) const {
   if (!FollowingPlan()) return 0;  // implies prefetch_enabled
   const size_t cursor = LearnedCursor();
@@ -534,7 +544,7 @@ std::vector<Buffer*> Engine::Impl::NotePinAndPlan(Buffer* b) {
       const size_t rounded = BfcArena::RoundedBytes(next->size);
       if (plan.empty() && p.inflight_bytes == 0 && arena_ != nullptr &&
           arena_->LargestFreeChunk() >= rounded &&
-          arena_->LargestFreeAfterTaking(rounded) >=
+          RoomAfterTakingLocked(rounded) >=
               LargestAllocationBetween(cursor, i)) {
         plan.push_back(next);
       }

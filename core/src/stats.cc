@@ -147,7 +147,8 @@ EngineStats Engine::Impl::GetStats() const {
   s.bytes_in_use = static_cast<int64_t>(arena_->bytes_in_use());
   s.peak_bytes_in_use = static_cast<int64_t>(arena_->peak_bytes_in_use());
   s.largest_alloc_size = static_cast<int64_t>(arena_->largest_alloc_size());
-  s.bytes_limit = static_cast<int64_t>(arena_->memory_limit());
+  // The device's bytes (the arena's addresses are more, unfragmented).
+  s.bytes_limit = static_cast<int64_t>(options_.memory_limit);
   s.bytes_reserved = static_cast<int64_t>(arena_->bytes_reserved());
   s.peak_bytes_reserved = static_cast<int64_t>(arena_->peak_bytes_reserved());
   s.bytes_reservable_limit = static_cast<int64_t>(arena_->memory_limit());

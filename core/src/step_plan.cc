@@ -354,7 +354,7 @@ void Engine::Impl::StartPlannedPageInsLocked(
     const size_t rounded = BfcArena::RoundedBytes(b->size);
     if (arena_->bytes_in_use() + rounded > lms_limit_ ||
         arena_->LargestFreeChunk() < rounded ||
-        arena_->LargestFreeAfterTaking(rounded) < p.plan_largest) {
+        RoomAfterTakingLocked(rounded) < p.plan_largest) {
       p.in_next = i;  // no room yet: again at the next pin
       return;
     }

@@ -2259,6 +2259,91 @@ TEST(ASlideKeepsAReclaimVictimThatIsPinnedAgainSoon) {
   }
 }
 
+// The unfragmented yardstick (EngineOptions::unfragmented) on a 16 MiB
+// device: A (4 MiB), H1 (2), B (4), H2 (2), C (4) made and unpinned, H1 and
+// H2 freed, then D (4 MiB) asked for. Within the device's addresses D's
+// bytes are free in two 2 MiB holes and something pages out (defrag off);
+// unfragmented D takes free addresses and nothing leaves. A further 2 MiB
+// then finds no free byte unfragmented and pages out; 8 MiB more fail with
+// the host full: the bytes in use never pass the device, whatever its
+// arena's addresses allow.
+TEST(UnfragmentedFindsFreeBytesInOnePieceAndKeepsToTheDevice) {
+  for (bool unfragmented : {false, true}) {
+    SimOptions so;
+    so.device_memory =
+        16 * kMiB * (unfragmented ? kUnfragmentedAddressFactor : 1);
+    SimDevice device(so);
+    EngineOptions eo;
+    eo.memory_limit = 16 * kMiB;
+    eo.host_memory_limit = 6 * kMiB;  // one 4 MiB buffer and change
+    eo.allow_growth = false;
+    eo.verify_pins = true;
+    eo.unfragmented = unfragmented;
+    Engine e(&device, eo);
+    EXPECT_OK(e.Init());
+    EXPECT(e.GetStats().bytes_limit == static_cast<int64_t>(16 * kMiB));
+    std::vector<Buffer*> made;
+    std::vector<std::string> bytes;
+    for (size_t mib : {4, 2, 4, 2, 4}) {
+      Status s;
+      void* p;
+      made.push_back(e.AllocateBuffer(mib * kMiB, true, &s, &p));
+      EXPECT_OK(s);
+      bytes.push_back(Pattern(mib * kMiB, 90 + static_cast<int>(made.size())));
+      EXPECT_OK(e.WriteBuffer(made.back(), 0, bytes.back().data(), mib * kMiB));
+      EXPECT_OK(e.Unpin(made.back()));
+    }
+    EXPECT_OK(e.FreeBuffer(made[1]));
+    EXPECT_OK(e.FreeBuffer(made[3]));
+    device.SynchronizeAll();
+    Status s;
+    Buffer* d = e.AllocateBuffer(4 * kMiB, false, &s);
+    EXPECT_OK(s);
+    const EngineStats after_d = e.GetStats();
+    EXPECT((after_d.bytes_reclaimed == 0) == unfragmented);
+    EXPECT(after_d.num_defragmentations == 0);
+    Buffer* more = e.AllocateBuffer(2 * kMiB, false, &s);
+    EXPECT_OK(s);
+    const EngineStats after = e.GetStats();
+    // Within the device's addresses D took a victim's room, and 2 MiB holes
+    // are left for this one.
+    EXPECT((after.bytes_reclaimed > after_d.bytes_reclaimed) == unfragmented);
+    // 14 MiB in use and room on the host for 2: 8 MiB more cannot be made,
+    // though the unfragmented arena has the addresses for it.
+    EXPECT(e.AllocateBuffer(8 * kMiB, false, &s) == nullptr);
+    EXPECT(s.code() == Code::kResourceExhausted);
+    EXPECT(e.GetStats().peak_bytes_in_use <= static_cast<int64_t>(16 * kMiB));
+    for (size_t i : {0, 2, 4}) EXPECT(Holds(&e, made[i], bytes[i]));
+    for (Buffer* b : {made[0], made[2], made[4], d, more}) {
+      EXPECT_OK(e.FreeBuffer(b));
+    }
+    EXPECT_OK(e.CheckInvariants());
+  }
+}
+
+TEST(UnfragmentedIsRefusedWhereItMeansNothing) {
+  SimOptions so;
+  so.device_memory = 64 * kMiB;
+  SimDevice device(so);
+  EngineOptions fixed;
+  fixed.memory_limit = 16 * kMiB;
+  fixed.unfragmented = true;
+  fixed.fixed_addresses = true;
+  fixed.page_size = 64 << 10;
+  Engine a(&device, fixed);
+  Status s = a.Init();
+  EXPECT(s.code() == Code::kInvalidArgument);
+  EXPECT(s.message().find("fixed_addresses") != std::string::npos);
+  EngineOptions no_lms;
+  no_lms.memory_limit = 16 * kMiB;
+  no_lms.unfragmented = true;
+  no_lms.lms_enabled = false;
+  Engine b(&device, no_lms);
+  s = b.Init();
+  EXPECT(s.code() == Code::kInvalidArgument);
+  EXPECT(s.message().find("lms_enabled") != std::string::npos);
+}
+
 // One step in an empty 16 MiB device: x (256 KiB), A (4 MiB), a 2 MiB
 // hole, B (4 MiB), S (2 MiB), C (3.75 MiB), all inactive, and then D
 // (3.75 MiB): 2 MiB free, 1.75 MiB short. Every single victim (A, B or C)

@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -131,7 +132,7 @@ class PyEngine {
            bool verify_moves, bool fixed_addresses, int64_t page_size,
            int64_t virtual_address_bytes, double map_us_per_page,
            double unmap_us_per_page, int launch_queue_depth, bool verify_pins,
-           bool prefetch_guard, int run_ahead_epochs) {
+           bool prefetch_guard, int run_ahead_epochs, bool unfragmented) {
     if (device_memory <= 0) {
       throw py::value_error("device_memory must be a positive byte count");
     }
@@ -150,6 +151,13 @@ class PyEngine {
     }
     SimOptions sim;
     sim.device_memory = static_cast<size_t>(device_memory);
+    // The addresses the unfragmented arena manages (the engine's LMS limit
+    // holds its bytes to device_memory).
+    if (unfragmented &&
+        sim.device_memory <= std::numeric_limits<size_t>::max() /
+                                 kUnfragmentedAddressFactor) {
+      sim.device_memory *= kUnfragmentedAddressFactor;
+    }
     sim.store_data = store_data;
     sim.link_bytes_per_second = link_gbps * 1e9;
     sim.link_latency_seconds = link_latency_us * 1e-6;
@@ -181,6 +189,7 @@ class PyEngine {
     opt.fixed_addresses = fixed_addresses;
     opt.page_size = static_cast<size_t>(page_size);
     opt.virtual_address_bytes = static_cast<size_t>(virtual_address_bytes);
+    opt.unfragmented = unfragmented;
     holder_ = std::make_shared<EngineHolder>();
     holder_->lms = lms;
     holder_->device = std::make_unique<SimDevice>(sim);
@@ -369,7 +378,7 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<int64_t, int64_t, bool, bool, bool, int64_t, int, bool,
                     int64_t, bool, double, double, double, bool, bool, int64_t,
-                    int64_t, double, double, int, bool, bool, int>(),
+                    int64_t, double, double, int, bool, bool, int, bool>(),
            py::arg("device_memory"), py::arg("host_memory"), py::arg("lms"),
            py::arg("defrag"), py::arg("prefetch"), py::arg("prefetch_budget"),
            py::arg("prefetch_lookahead"), py::arg("allow_growth"),
@@ -382,7 +391,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("unmap_us_per_page") = 0.0,
            py::arg("launch_queue_depth") = 0,
            py::arg("verify_pins") = false, py::arg("prefetch_guard") = false,
-           py::arg("run_ahead_epochs") = 0)
+           py::arg("run_ahead_epochs") = 0, py::arg("unfragmented") = false)
       .def("allocate", &PyEngine::Allocate, py::arg("nbytes"),
            py::arg("pinned") = false)
       .def("free", &PyEngine::Free)

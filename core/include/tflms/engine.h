@@ -57,6 +57,10 @@ namespace tflms {
 // this one constant.
 inline constexpr int kMaxRunAheadEpochs = 63;
 
+// EngineOptions::unfragmented: the arena manages this many times
+// memory_limit in addresses; the device the engine runs on must hold them.
+inline constexpr size_t kUnfragmentedAddressFactor = 4;
+
 struct EngineOptions {
   std::string name = "lms";
   // Device bytes the allocator may take from the device (TF's memory limit).
@@ -127,6 +131,20 @@ struct EngineOptions {
   // range holds resident and evicted buffers alike (an evicted buffer keeps
   // its addresses), so it bounds device plus host bytes of live buffers.
   size_t virtual_address_bytes = 0;
+
+  // A yardstick for the planner (sim backend), not a mode to run: the arena
+  // manages kUnfragmentedAddressFactor x memory_limit of addresses while the
+  // bytes in use stay within the LMS limit (a hard limit here), and every
+  // chunk is split to the request's size, so a request whose bytes are free
+  // never finds them in pieces. What the address-only mechanisms do (large
+  // requests placed beside what cannot leave, stranded buffers relocated,
+  // defragmentation and slides) is left out, and the two prefetch checks
+  // that judge room by a hole judge it by bytes too. A replay with it is the
+  // engine's own eviction and prefetch with addresses taken out: the
+  // difference to a normal replay is what addresses cost the engine.
+  // Needs lms_enabled; refused with fixed_addresses (no fragmentation there
+  // to take out).
+  bool unfragmented = false;
 };
 
 class Buffer;  // Opaque; owned by the engine between AllocateBuffer and Free.
