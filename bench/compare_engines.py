@@ -132,9 +132,11 @@ def built_tree(rev: str) -> Path:
 # Runs inside each side's tree, with only that tree's tflms importable: reads the points
 # as JSON on stdin and prints one JSON line per point as it is replayed. With "ideal", also
 # the Ideal schedule's step and the Ideal's with copies in issue order (the yardsticks of
-# docs/results.md, same steps).
+# docs/results.md, same steps); with "unfragmented", also the step with the engine's
+# addresses taken out (tflms/planner/unfragmented.py) and by how many bytes its peak
+# passed the device (0 unless the yardstick is broken).
 WORKER = """
-import json, sys
+import dataclasses, json, sys
 from tflms.planner import machines, replay, study
 from tflms.planner.simulate import Machine, machine_yardsticks
 job = json.load(sys.stdin)
@@ -148,6 +150,12 @@ for i, (model, machine, batch, size) in enumerate(job["points"]):
         ys = machine_yardsticks(plan, m, job["steps"])
         for key, res in (("ideal_s", ys.ideal), ("ideal_in_order_s", ys.ideal_in_order)):
             row[key] = res.step_time_s if res.fits else None
+    if job.get("unfragmented"):
+        cfg = dataclasses.replace(m.config(prefetch=True), unfragmented=True)
+        u = replay.replay(plan, m.gpu, cfg, steps=job["steps"], timed=True)
+        row["unfragmented_s"] = u.step_time_s if u.fits else None
+        peak = int(u.stats.get("peak_bytes_in_use", 0)) if u.stats else 0
+        row["unfragmented_over_device"] = max(0, peak - m.gpu.memory_bytes)
     print(json.dumps(row), flush=True)
 """
 
@@ -155,7 +163,12 @@ Row = dict[str, Any]  # one point's figures from a side: step_s, and the Ideal's
 
 
 def replay_side(
-    tree: Path, points: list[Point], steps: int, on_point: Callable[[], None], ideal: bool = False
+    tree: Path,
+    points: list[Point],
+    steps: int,
+    on_point: Callable[[], None],
+    ideal: bool = False,
+    unfragmented: bool = False,
 ) -> list[Row]:
     """Each point's mean step time with prefetch (step_s; None: out of memory), replayed
     by `tree`'s own engine and planner in a process of its own; with `ideal`, also
@@ -165,6 +178,7 @@ def replay_side(
         {
             "steps": steps,
             "ideal": ideal,
+            "unfragmented": unfragmented,
             "points": [[p.model, p.machine, p.batch, p.input_size] for p in points],
         }
     )
@@ -272,6 +286,59 @@ def ideal_report(points: list[Point], head: list[Row], head_name: str) -> str:
     return "\n".join(lines)
 
 
+def unfragmented_report(points: list[Point], head: list[Row], head_name: str) -> str:
+    """Each point's head step with its addresses taken out, against the Ideal and the step
+    as it runs (tflms/planner/unfragmented.py)."""
+    lines = [
+        f"# {head_name} with its addresses taken out (unfragmented)",
+        "",
+        "| point | as it runs | unfragmented | / Ideal | / in order | addresses cost |",
+        "|---|---|---|---|---|---|",
+    ]
+    ratios: list[float] = []
+    in_order: list[float] = []
+    cost: list[float] = []
+    broken: list[str] = []
+    for p, row in zip(points, head, strict=True):
+        step, free = row["step_s"], row.get("unfragmented_s")
+        ideal, order = row.get("ideal_s"), row.get("ideal_in_order_s")
+        if row.get("unfragmented_over_device"):
+            broken.append(f"{p.label()} (+{row['unfragmented_over_device']} bytes)")
+        if free is None or ideal is None or order is None:
+            lines.append(f"| {p.label()} | {step} | {free} | - | - | - |")
+            continue
+        ratios.append(free / ideal)
+        in_order.append(free / order)
+        runs = "out of memory" if step is None else f"{step:.3f} s"
+        paid = "-" if step is None else f"{step / free - 1:+.1%}"
+        if step is not None:
+            cost.append(step / free)
+        lines.append(
+            f"| {p.label()} | {runs} | {free:.3f} s | {free / ideal:.3f}x "
+            f"| {free / order:.3f}x | {paid} |"
+        )
+
+    def geomean(xs: list[float]) -> float:
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+    if ratios:
+        lines += [
+            "",
+            f"{len(ratios)} points unfragmented: {geomean(ratios):.3f}x the Ideal by geometric "
+            f"mean, {sum(r <= 1.05 for r in ratios)} within 1.05x, worst {max(ratios):.3f}x; "
+            f"{geomean(in_order):.3f}x the Ideal in issue order, "
+            f"{sum(r <= 1.05 for r in in_order)} within 1.05x",
+        ]
+    if cost:
+        lines.append(
+            f"addresses cost the engine {geomean(cost) - 1:+.2%} by geometric mean "
+            f"(slower unfragmented at {sum(c < 1 for c in cost)} of {len(cost)})"
+        )
+    if broken:
+        lines.append(f"THE YARDSTICK IS BROKEN: its peak passed the device at {', '.join(broken)}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", default="HEAD", help="revision to compare against (default HEAD)")
@@ -291,6 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also the head's step against the Ideal schedule at every point",
     )
+    ap.add_argument(
+        "--unfragmented",
+        action="store_true",
+        help="also the head with its addresses taken out, against the Ideal (implies --ideal)",
+    )
     ap.add_argument("--json", dest="json_out", help="also write every point's times here")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -304,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--fractions needs at least one positive multiple")
     if args.steps < 1:
         raise SystemExit("--steps must be at least 1")
+    if args.unfragmented:
+        args.ideal = True
     points = results_points(json.loads(Path(args.results).read_text()), fractions, args.only)
     if not points:
         raise SystemExit(f"no prefetch point of {args.results} matches --only {args.only!r}")
@@ -324,7 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     def run(side: int) -> None:
         try:
             want_ideal = args.ideal and side == 1
-            results[side] = replay_side(trees[side], points, args.steps, tick, want_ideal)
+            want_free = args.unfragmented and side == 1
+            results[side] = replay_side(
+                trees[side], points, args.steps, tick, want_ideal, want_free
+            )
         except BaseException as exc:  # SystemExit too: a thread would swallow it
             errors.append(exc)
 
@@ -343,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.ideal:
         print()
         print(ideal_report(points, results[1], args.head))
+    if args.unfragmented:
+        print()
+        print(unfragmented_report(points, results[1], args.head))
     if args.json_out:
         Path(args.json_out).write_text(
             json.dumps(

@@ -183,6 +183,13 @@ def add_parsers(sub: Any) -> None:
         "tensors moved at the device's copy rate where a request finds no hole (what addresses "
         "cost an offline schedule; docs/how-it-works.md)",
     )
+    out.add_argument(
+        "--unfragmented",
+        action="store_true",
+        help="also replay the chosen LMS mode with the engine's addresses taken out (4x the "
+        "addresses, the device's bytes still limited): its step against the ideal is what its "
+        "eviction and prefetch cost, the step as it runs against it what addresses cost",
+    )
     out.add_argument("--plot", metavar="FILE.png", help="draw the memory timeline of a step")
     out.add_argument("--force", action="store_true", help="overwrite the --plot file")
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -428,6 +435,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             return _fail("--map-us and --unmap-us must be 0 or more")
         if args.defrag:
             return _fail("--defrag does nothing with --fixed-addresses: no buffer moves")
+        if args.unfragmented:
+            return _fail(
+                "--unfragmented takes fragmentation out of the patch's mode; "
+                "--fixed-addresses has none to take out"
+            )
         machine = dataclasses.replace(machine, fixed=FixedPages(**costs))
     progress = not args.no_progress and sys.stderr.isatty()
 
@@ -452,6 +464,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         progress=progress,
         behind=args.behind,
         placed=args.placed,
+        unfragmented=args.unfragmented,
     )
     if args.max_batch:
         try:
@@ -522,6 +535,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(format_behind(report["behind_ideal"]))
         elif args.behind:
             print("\nNo comparison with the ideal schedule: the step or the schedule does not fit.")
+        if "unfragmented" in report:
+            from tflms.planner.unfragmented import format_unfragmented
+
+            print()
+            print(format_unfragmented(report["unfragmented"]))
         if "placed_ideal" in report:
             from tflms.planner.placed import format_placed
 

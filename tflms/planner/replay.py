@@ -416,13 +416,21 @@ class EngineConfig:
     # The engine's host throttle with prefetch (EngineOptions::run_ahead_epochs;
     # 0: off).
     run_ahead_epochs: int = PATCH_RUN_AHEAD_EPOCHS
+    # A yardstick, not a mode of the patch (EngineOptions::unfragmented; unfragmented.py):
+    # addresses taken out, the device's bytes still held by the LMS limit.
+    unfragmented: bool = False
 
     @property
     def patch_default(self) -> bool:
         """True when this is what the patched TensorFlow does by default (LMS off, or on
         with prefetch as PATCH_PREFETCH_DEFAULT says)."""
         on = not self.lms or self.prefetch == PATCH_PREFETCH_DEFAULT
-        return on and not self.fixed_addresses and self.run_ahead_epochs == PATCH_RUN_AHEAD_EPOCHS
+        return (
+            on
+            and not self.fixed_addresses
+            and not self.unfragmented
+            and self.run_ahead_epochs == PATCH_RUN_AHEAD_EPOCHS
+        )
 
     def label(self) -> str:
         if not self.lms:
@@ -437,6 +445,8 @@ class EngineConfig:
             parts.append(f"fixed addresses ({self.page_size >> 20} MiB pages)")
         if self.run_ahead_epochs != PATCH_RUN_AHEAD_EPOCHS:
             parts.append(f"host within {self.run_ahead_epochs} epochs")
+        if self.unfragmented:
+            parts.append("unfragmented")
         return " + ".join(parts)
 
 
@@ -562,6 +572,7 @@ def make_engine(config: EngineConfig, gpu: GpuModel) -> Any:
         unmap_us_per_page=config.unmap_us_per_page,
         launch_queue_depth=config.launch_queue_depth,
         run_ahead_epochs=config.run_ahead_epochs,
+        unfragmented=config.unfragmented,
     )
 
 

@@ -28,6 +28,7 @@ from tflms.planner.replay import (
     swap_bound_s,
 )
 from tflms.planner.search import SearchResult, largest_fitting, largest_without_holes
+from tflms.planner.unfragmented import unfragmented_run
 from tflms.planner.yardsticks import Yardsticks, annotate, yardsticks
 
 if TYPE_CHECKING:
@@ -271,6 +272,7 @@ def simulate_step(
     progress: bool = False,
     behind: bool = False,
     placed: bool = False,
+    unfragmented: bool = False,
 ) -> tuple[dict[str, Any], ReplayResult | None]:
     """Fit and step time at the trace's batch. Returns the report and the recorded LMS replay.
 
@@ -282,6 +284,8 @@ def simulate_step(
     not fit).
     placed: also place the in-order Ideal with addresses (placed.py; the report's
     "placed_ideal", absent where the Ideal does not fit).
+    unfragmented: also replay the chosen variant with the engine's addresses taken out
+    (unfragmented.py; the report's "unfragmented").
     """
     record = record or behind
     plan = build_plan(trace, machine.gpu)
@@ -345,6 +349,8 @@ def simulate_step(
         },
         "lms": [lms_json(r, unlimited_s, plan, ys) for r in runs],
     }
+    if unfragmented:
+        report["unfragmented"] = unfragmented_run(plan, machine.gpu, runs[0], ys, steps).to_json()
     if placed and ys.ideal_in_order.fits:
         report["placed_ideal"] = machine_placed_ideal(plan, machine, steps, progress).to_json()
     if behind and recorded is not None and recorded.fits and ys.ideal.fits:
