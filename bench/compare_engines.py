@@ -216,8 +216,15 @@ class Comparison:
     changed: list[tuple[str, float, float]]  # (label, base s, head s) beyond CHANGED
 
 
+def geomean(ratios: list[float]) -> float:
+    """The geometric mean of step ratios (nan for none)."""
+    if not ratios:
+        return float("nan")
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
 def compare(points: list[Point], base: list[float | None], head: list[float | None]) -> Comparison:
-    logs: list[float] = []
+    ratios: list[float] = []
     faster = slower = 0
     new_ooms: list[str] = []
     fixed_ooms: list[str] = []
@@ -230,13 +237,12 @@ def compare(points: list[Point], base: list[float | None], head: list[float | No
                 fixed_ooms.append(p.label())
             continue
         ratio = h / b
-        logs.append(math.log(ratio))
+        ratios.append(ratio)
         faster += ratio < 1 - CHANGED
         slower += ratio > 1 + CHANGED
         if abs(ratio - 1) > CHANGED:
             changed.append((p.label(), b, h))
-    geomean = math.exp(sum(logs) / len(logs)) if logs else float("nan")
-    return Comparison(geomean, faster, slower, len(logs), new_ooms, fixed_ooms, changed)
+    return Comparison(geomean(ratios), faster, slower, len(ratios), new_ooms, fixed_ooms, changed)
 
 
 def report(c: Comparison, base_name: str, head_name: str) -> str:
@@ -276,11 +282,10 @@ def ideal_report(points: list[Point], head: list[Row], head_name: str) -> str:
             f"| {in_order:.3f} s | {step / in_order:.3f}x |"
         )
     if ratios:
-        geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         within = sum(r <= 1.05 for r in ratios)
         lines += [
             "",
-            f"{len(ratios)} points: {geomean:.3f}x the Ideal by geometric mean, "
+            f"{len(ratios)} points: {geomean(ratios):.3f}x the Ideal by geometric mean, "
             f"{within} within 1.05x, worst {max(ratios):.3f}x",
         ]
     return "\n".join(lines)
@@ -317,9 +322,6 @@ def unfragmented_report(points: list[Point], head: list[Row], head_name: str) ->
             f"| {p.label()} | {runs} | {free:.3f} s | {free / ideal:.3f}x "
             f"| {free / order:.3f}x | {paid} |"
         )
-
-    def geomean(xs: list[float]) -> float:
-        return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
     if ratios:
         lines += [
