@@ -13,7 +13,7 @@ TEST_HDRS := $(wildcard core/tests/*.h)
 CXXFLAGS_CORE := -std=c++17 -Wall -Wextra -Werror -Icore/include -Icore/src -pthread
 
 .PHONY: help install test test-binaries test-fast lint cpp-test sanitize sanitize-asan sanitize-tsan cuda-test patches verify verify-all \
-        verify-nightly bench bench-prefetch bench-cuda compare-engines demo results transformers steadiness lookahead soak wheel clean addon-check addon-check-all
+        verify-nightly bench bench-prefetch bench-cuda compare-engines copy-order demo results transformers steadiness lookahead soak wheel clean addon-check addon-check-all
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -162,6 +162,9 @@ bench-prefetch: install ## Prefetch vs on-demand inside real TensorFlow (Keras f
 BASE ?= HEAD
 compare-engines: install ## An engine change judged at the results points and their neighbouring batches: the working tree vs BASE (default HEAD)
 	$(PY) bench/compare_engines.py --base $(BASE)
+
+copy-order: install ## What the order of copies costs the Ideal at the results points, link by link, and what holding copies out wins back
+	$(PY) bench/copy_order.py
 
 demo: install ## The main job: ResNet50 on the 16 GB V100 machines (PCIe 3, NVLink 2), with and without LMS
 	$(PY) -m tflms demo

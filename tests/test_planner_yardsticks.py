@@ -23,6 +23,8 @@ from tflms.planner.replay import (
     swap_bound_s,
 )
 from tflms.planner.yardsticks import (
+    _Eviction,
+    _held_anchors,
     _Link,
     excess_profiles,
     host_bound_ends,
@@ -148,6 +150,76 @@ def test_in_order_links_hold_a_near_deadline_behind_an_earlier_copy() -> None:
         done[in_order] = link.done
     assert done[False] == {0: 1.0, 2: 2.0, 1: 4.0}
     assert done[True] == {0: 1.0, 1: 3.0, 2: 4.0}
+
+
+def crossing_outs_plan() -> StepPlan:
+    """Three copies out released in one order and due in another, on a 5 KiB device.
+
+    X, A (2 KiB) and B (1 KiB) are made, then read once each (op3, op4, op5), releasing their
+    copies out in that order; C, D, E made by op6-op8 push them out, X first (due at op6),
+    then B (op7, its next use after A's), then A (op8). They come back for op10-op12. With the
+    link at 1 KiB/s and kernels of 0.5 s: X is copied from 2.0 to 4.0 s while A and B are
+    released; earliest deadline first takes B at 4.0 s (op7 runs at 5.0 s), issue order takes
+    A (op7 waits until 7.0 s). The step: 13.5 s against 14.0 s.
+    """
+    x, a, b, c, d, e = range(6)
+    size = {x: 2 * KB, a: 2 * KB, b: KB, c: KB, d: 2 * KB, e: 2 * KB}
+    inputs: list[tuple[int, ...]] = [(), (), (), (x,), (a,), (b,), (), (), ()]
+    inputs += [(c, d), (a,), (b,), (x, e)]
+    made: list[tuple[tuple[int, int], ...]] = [((t, size[t]),) for t in (x, a, b)]
+    made += [(), (), ()] + [((t, size[t]),) for t in (c, d, e)] + [(), (), (), ()]
+    frees: list[tuple[int, ...]] = [()] * 9 + [(c, d), (a,), (b,), (x, e)]
+    n = len(inputs)
+    return StepPlan(
+        persistent=[],
+        step_inputs=[],
+        inputs=inputs,
+        outputs=made,
+        frees=frees,
+        kernel_s=[0.5] * n,
+        names=[f"op{i}" for i in range(n)],
+        free_at_start=(),
+        forwards=[()] * n,
+        sizes=size,
+        slice_pins=[()] * n,
+        slice_unpins=[()] * n,
+    )
+
+
+def test_the_cost_of_issue_order_is_the_copies_outs_and_a_host_hold_wins_it_back() -> None:
+    plan = crossing_outs_plan()
+
+    def step(**order: object) -> float:
+        res = ideal(plan, 5 * KB, KIB_PER_S, steps=1, **order)  # type: ignore[arg-type]
+        assert res.fits
+        return res.step_time_s
+
+    assert step() == pytest.approx(13.5)
+    assert step(in_order=True) == pytest.approx(14.0)
+    assert step(out_in_order=True) == pytest.approx(14.0)
+    assert step(in_in_order=True) == pytest.approx(13.5)
+    # Per-link settings override `in_order` link by link.
+    assert step(in_order=True, in_in_order=False) == pytest.approx(14.0)
+    assert step(in_order=True, out_in_order=False) == pytest.approx(13.5)
+    # A, released one op before B and due after it, held for one op: B goes first.
+    assert step(out_in_order=True, hold_out_ops=1) == pytest.approx(13.5)
+    assert step(out_in_order=True, hold_out_ops=0) == pytest.approx(14.0)
+
+
+def test_held_anchors_wait_for_copies_due_sooner_within_the_window() -> None:
+    evictions = [
+        _Eviction(key=0, at=10, anchor=1, nbytes=1),
+        _Eviction(key=1, at=5, anchor=3, nbytes=1),
+        _Eviction(key=2, at=20, anchor=4, nbytes=1),
+        _Eviction(key=3, at=2, anchor=-1, nbytes=1),  # released at the step's start
+        _Eviction(key=4, at=4, anchor=2, nbytes=1),
+    ]
+    assert _held_anchors(evictions, 0) == [1, 3, 4, -1, 2]
+    # Key 0 (due at 10) waits for key 4 (released at 2, due at 4) ...
+    assert _held_anchors(evictions, 1) == [2, 3, 4, -1, 2]
+    # ... and, two ops on, for key 1 (released at 3, due at 5); key 2 is due later.
+    assert _held_anchors(evictions, 2) == [3, 3, 4, -1, 2]
+    assert _held_anchors(evictions, 1 << 40) == [3, 3, 4, -1, 2]
 
 
 def test_in_order_ideal_of_one_copy_each_way_is_the_ideal() -> None:

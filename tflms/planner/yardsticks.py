@@ -487,6 +487,9 @@ def ideal(
     steps: int = 2,
     launch_queue_depth: int = 0,
     in_order: bool = False,
+    out_in_order: bool | None = None,
+    in_in_order: bool | None = None,
+    hold_out_ops: int = 0,
 ) -> IdealResult:
     """An achievable offline schedule of `steps` steps; the last is measured, as the replay does.
 
@@ -509,12 +512,50 @@ def ideal(
     compared under one host. The schedule itself never blocks the host on a copy.
 
     `in_order`: each link runs its copies in the order they were released (ops' order), as
-    the engine's CUDA copy streams do, instead of earliest deadline first.
+    the engine's CUDA copy streams do, instead of earliest deadline first. `out_in_order` and
+    `in_in_order` set the device-to-host and host-to-device links apart (None: `in_order`).
+    `hold_out_ops`: copies out are released in deadline order within that many ops, as a host
+    that holds a copy until the copies due sooner and released in the next `hold_out_ops` ops
+    were enqueued would (_held_anchors); 0 releases each at its victim's last use.
     """
     mp = _memory_plan(plan, device_memory, steps)
     if isinstance(mp, IdealResult):
         return mp
-    return _timeline(plan, mp, link_gbps * 1e9, launch_s, latency_s, launch_queue_depth, in_order)
+    return _timeline(
+        plan,
+        mp,
+        link_gbps * 1e9,
+        launch_s,
+        latency_s,
+        launch_queue_depth,
+        in_order,
+        out_in_order=out_in_order,
+        in_in_order=in_in_order,
+        hold_out_ops=hold_out_ops,
+    )
+
+
+def _held_anchors(evictions: Sequence[_Eviction], hold_ops: int) -> list[int]:
+    """Each eviction's release op when copies out are held in deadline order.
+
+    A copy out whose victim's last use was at op a waits for every copy out released in
+    (a, a + hold_ops] that is due before it, so on an in-order link none of those queues
+    behind it. A held copy is still released before its own deadline: the copies it waits
+    for are released before theirs, which come first. Copies released at a step's start
+    (anchor < 0) are not held.
+    """
+    order = sorted((ev.anchor, j) for j, ev in enumerate(evictions) if ev.anchor >= 0)
+    anchors = [a for a, _ in order]
+    out = [ev.anchor for ev in evictions]
+    for j, ev in enumerate(evictions):
+        if ev.anchor < 0 or hold_ops <= 0:
+            continue
+        lo = bisect.bisect_right(anchors, ev.anchor)
+        hi = bisect.bisect_right(anchors, ev.anchor + hold_ops)
+        for a, k in order[lo:hi]:
+            if evictions[k].at < ev.at:
+                out[j] = max(out[j], a)
+    return out
 
 
 def _memory_plan(plan: StepPlan, device_memory: int, steps: int) -> _MemoryPlan | IdealResult:
@@ -575,25 +616,33 @@ def _timeline(
     depth: int = 0,
     in_order: bool = False,
     host_limit: int | None = None,
+    *,
+    out_in_order: bool | None = None,
+    in_in_order: bool | None = None,
+    hold_out_ops: int = 0,
 ) -> IdealResult:
     n, steps = mp.n, mp.steps
     total = n * steps
     victims_at: list[list[int]] = [[] for _ in range(total)]
     outs_after: list[list[int]] = [[] for _ in range(total)]
     outs_at_start: list[list[int]] = [[] for _ in range(steps)]
+    anchors = _held_anchors(mp.evictions, hold_out_ops)
     for j, ev in enumerate(mp.evictions):
         victims_at[ev.at].append(j)
-        if ev.anchor >= 0:
-            outs_after[ev.anchor].append(j)
+        if anchors[j] >= 0:
+            outs_after[anchors[j]].append(j)
         else:
             outs_at_start[-1 - ev.anchor].append(j)
+    if hold_out_ops > 0:
+        for released in outs_after:
+            released.sort(key=lambda j: mp.evictions[j].at)
     issued_at: list[list[int]] = [[] for _ in range(total)]
     needed_at: list[list[int]] = [[] for _ in range(total)]
     for j, c in enumerate(mp.copy_ins):
         issued_at[c.issue].append(j)
         needed_at[c.need].append(j)
-    d2h = _Link(bytes_per_s, latency_s, in_order)
-    h2d = _Link(bytes_per_s, latency_s, in_order)
+    d2h = _Link(bytes_per_s, latency_s, in_order if out_in_order is None else out_in_order)
+    h2d = _Link(bytes_per_s, latency_s, in_order if in_in_order is None else in_in_order)
     op_end = np.zeros(total)
     drops_after: dict[int, list[int]] = collections.defaultdict(list)
     if host_limit is not None:
