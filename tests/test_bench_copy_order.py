@@ -3,26 +3,18 @@ hand-made plan whose times tests/test_planner_yardsticks.py works out by hand.""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.bench_scripts import load_bench
 from tests.test_planner_yardsticks import KB, KIB_PER_S, crossing_outs_plan
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "copy_order.py"
 
 
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("copy_order", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("copy_order.py")
 
 
 SCHEDULE = {

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "prefetch_fit.py"
+from tests.bench_scripts import load_bench
 
 
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("prefetch_fit", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("prefetch_fit.py")
 
 
 def result(wait_ms: float, mb_in: float, mb_on_demand: float) -> dict[str, Any]:

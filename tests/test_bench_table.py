@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+from tests.bench_scripts import load_bench
 
 
 def run_bench() -> ModuleType:
-    sys.path.insert(0, str(BENCH_DIR))  # run_bench imports harness_build beside it
-    try:
-        spec = importlib.util.spec_from_file_location("run_bench", BENCH_DIR / "run_bench.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH_DIR))
+    return load_bench("run_bench.py")  # it imports harness_build beside it
 
 
 def trace(tf: list[float], buffer: list[float]) -> dict[str, Any]:

@@ -15,15 +15,15 @@ bytes_reserved, so that is what the two are compared on.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.bench_scripts import load_bench
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -33,13 +33,7 @@ pytestmark = pytest.mark.tf
 
 
 def _load_builder() -> ModuleType:
-    path = REPO / "bench" / "harness_build.py"
-    spec = importlib.util.spec_from_file_location("tflms_bench_harness_build", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("harness_build.py", "tflms_bench_harness_build")
 
 
 @pytest.fixture(scope="module")

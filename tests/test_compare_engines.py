@@ -4,25 +4,18 @@ deterministic, so any difference it reports comes from the builds)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "compare_engines.py"
+from tests.bench_scripts import load_bench
 
 
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("compare_engines", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("compare_engines.py")
 
 
 def results(*rows: tuple[str, str, int, int | None, bool]) -> dict[str, Any]:
