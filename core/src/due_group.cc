@@ -417,7 +417,8 @@ bool Engine::Impl::MoveDueGroupLocked(
     // stayed on the host, its pin paged it in 23 GiB from the other input,
     // and the 26.4 GiB output found no gap with 54.8 GB free.
     if (m->state == BufferState::kResident) {
-      if (!Movable(m)) continue;
+      // The move holds both chunks until its copy is done.
+      if (!Movable(m) || rounded > DeviceBytesLeftLocked()) continue;
       BfcArena::ChunkHandle h =
           arena_->TakeFreeRangeInside(dest, rounded, m->size, m);
       if (h == BfcArena::kInvalidChunk) continue;
@@ -494,7 +495,7 @@ bool Engine::Impl::SlideDueGroupLocked(std::unique_lock<std::mutex>& lock,
         }
       }
     });
-    if (largest < rounded) break;
+    if (largest < rounded || rounded > DeviceBytesLeftLocked()) break;
     BfcArena::ChunkHandle h = arena_->TakeFreeRange(lo, rounded, m->size, m);
     if (h == BfcArena::kInvalidChunk) break;
     if (!PageIn(lock, m, /*for_prefetch=*/false, 0, false, h).ok()) break;

@@ -115,20 +115,21 @@ Status Engine::Impl::Init() {
         std::to_string(kMaxRunAheadEpochs) +
         ": the engine keeps the events of that many epochs");
   }
-  if (options_.unfragmented && options_.fixed_addresses) {
-    return InvalidArgument(
-        "unfragmented takes fragmentation out of the normal mode; "
-        "fixed_addresses has none to take out: set one of them");
-  }
-  if (options_.unfragmented && !options_.lms_enabled) {
-    return InvalidArgument(
-        "unfragmented measures LMS without fragmentation: it needs "
-        "lms_enabled");
-  }
-  if (options_.unfragmented &&
-      options_.memory_limit >
-          std::numeric_limits<size_t>::max() / kUnfragmentedAddressFactor) {
-    return InvalidArgument("memory_limit too large for unfragmented");
+  if (options_.unfragmented) {
+    if (options_.fixed_addresses) {
+      return InvalidArgument(
+          "unfragmented takes fragmentation out of the normal mode; "
+          "fixed_addresses has none to take out: set one of them");
+    }
+    if (!options_.lms_enabled) {
+      return InvalidArgument(
+          "unfragmented measures LMS without fragmentation: it needs "
+          "lms_enabled");
+    }
+    if (options_.memory_limit >
+        std::numeric_limits<size_t>::max() / kUnfragmentedAddressFactor) {
+      return InvalidArgument("memory_limit too large for unfragmented");
+    }
   }
   TFLMS_RETURN_IF_ERROR(SetLmsLimit(options_.lms_limit));
   if (options_.prefetch_budget_bytes == 0) {

@@ -709,6 +709,12 @@ class Engine::Impl {
   // `rounded`: the largest hole left (BfcArena::LargestFreeAfterTaking),
   // and unfragmented also no more than the bytes the LMS limit leaves.
   size_t RoomAfterTakingLocked(size_t rounded) const;
+  // The device bytes a chunk may still take. Unfragmented, the arena's
+  // addresses outnumber the device's bytes, and every place that takes a
+  // chunk it chose itself (not through the allocation ladder's find) asks
+  // this first: the LMS limit less the bytes in use. SIZE_MAX otherwise,
+  // where the arena is the device and its addresses bound the bytes.
+  size_t DeviceBytesLeftLocked() const;
   // Whether the planned step pins `b` within the next `pins` pins.
   bool PinDueLocked(const Buffer* b, size_t pins) const;
   // Rounded bytes of the buffers other than `except` that the planned step

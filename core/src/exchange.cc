@@ -183,6 +183,7 @@ bool Engine::Impl::ExchangeForVictimLocked(std::unique_lock<std::mutex>& lock,
       // the destination, while a copy before it ran without mu_.
       if (b->state != BufferState::kReclaimed || b->free_requested) continue;
       const size_t need = BfcArena::RoundedBytes(b->size);
+      if (need > DeviceBytesLeftLocked()) continue;
       BfcArena::ChunkHandle h = arena_->TakeFreeRange(lo, need, b->size, b);
       if (h == BfcArena::kInvalidChunk) continue;
       if (!PageIn(lock, b, /*for_prefetch=*/false, 0, false, h).ok()) continue;

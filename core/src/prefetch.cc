@@ -316,13 +316,17 @@ size_t Engine::Impl::LargestAllocationBetween(size_t from, size_t to) const {
 }
 
 size_t Engine::Impl::RoomAfterTakingLocked(size_t rounded) const {
-  const size_t hole = arena_->LargestFreeAfterTaking(rounded);
   // Within the device, the hole bounds the bytes free too. Unfragmented,
-  // the arena's addresses outnumber the device's bytes, and only the bytes
-  // say what the request leaves.
-  if (!options_.unfragmented) return hole;
-  const size_t in_use = arena_->bytes_in_use() + rounded;
-  return std::min(hole, in_use >= lms_limit_ ? 0 : lms_limit_ - in_use);
+  // only the bytes say what the request leaves.
+  const size_t hole = arena_->LargestFreeAfterTaking(rounded);
+  const size_t left = DeviceBytesLeftLocked();
+  return std::min(hole, left > rounded ? left - rounded : 0);
+}
+
+size_t Engine::Impl::DeviceBytesLeftLocked() const {
+  if (!options_.unfragmented) return SIZE_MAX;
+  const size_t in_use = arena_->bytes_in_use();
+  return in_use >= lms_limit_ ? 0 : lms_limit_ - in_use;
 }
 
 size_t Engine::Impl::LargestAllocationDueLocked(size_t pins) const {

@@ -80,13 +80,19 @@ Status Engine::Impl::SwapInLocked(std::unique_lock<std::mutex>& lock,
       }
     }
   });
+  // Unfragmented, the largest free chunk may span more addresses than the
+  // device has bytes free: the piece is what the bytes allow.
+  const size_t piece =
+      stage == BfcArena::kInvalidChunk
+          ? 0
+          : std::min(arena_->chunk(stage)->size,
+                     DeviceBytesLeftLocked() / BfcArena::kMinAllocationSize *
+                         BfcArena::kMinAllocationSize);
   const size_t longest = std::max(x->size, v->size);
-  if (stage == BfcArena::kInvalidChunk ||
-      arena_->chunk(stage)->size < longest / kMaxSwapPieces) {
+  if (piece == 0 || piece < longest / kMaxSwapPieces) {
     return ResourceExhausted("no swap in place: no staging chunk");
   }
 
-  const size_t piece = arena_->chunk(stage)->size;
   // Held while the copies run, so that nothing is placed where they write.
   const BfcArena::ChunkHandle held = arena_->TakeFreeChunk(stage, piece, piece, x);
   AddChunkBytes(x, static_cast<int64_t>(piece));

@@ -138,8 +138,10 @@ struct EngineOptions {
   // chunk is split to the request's size, so a request whose bytes are free
   // never finds them in pieces. What the address-only mechanisms do (large
   // requests placed beside what cannot leave, stranded buffers relocated,
-  // defragmentation and slides) is left out, and the two prefetch checks
-  // that judge room by a hole judge it by bytes too. A replay with it is the
+  // defragmentation and slides) is left out, the two prefetch checks that
+  // judge room by a hole judge it by bytes too, and so do the places that
+  // take a chunk they chose themselves (a due group's members, a host
+  // exchange, the staging piece of a swap in place). A replay with it is the
   // engine's own eviction and prefetch with addresses taken out: the
   // difference to a normal replay is what addresses cost the engine.
   // Needs lms_enabled; refused with fixed_addresses (no fragmentation there
