@@ -1080,10 +1080,20 @@ TEST(APageInWithNoRoomInEitherMemorySwapsPlacesWithAVictim) {
   // ends in V's chunk and V in X's host allocation (checked byte for byte;
   // verify_moves also compares both inside the engine). Pinning V back
   // swaps them again. With a 1 MiB pool V simply leaves, and no swap runs.
+  // Unfragmented (the arena given 4 MiB of addresses), the largest free chunk
+  // spans 3.25 MiB, and a staging piece that large would put 4 MiB in use on
+  // the 1 MiB device (checked by taking the bound out: the peak expectations
+  // fail); the device's 256 KiB of free bytes stage it, as within the device.
   constexpr size_t kK = 1024;
-  for (size_t host : {512 * kK, 1 * kMiB}) {
+  struct Case {
+    size_t host;
+    bool unfragmented;
+  };
+  for (Case c : {Case{512 * kK, false}, Case{1 * kMiB, false},
+                 Case{512 * kK, true}}) {
+    const size_t host = c.host;
     Fixture f(1 * kMiB, host, /*lms=*/true, false, false, 0,
-              /*allow_growth=*/false);
+              /*allow_growth=*/false, 0.0, c.unfragmented);
     Status s;
     Buffer* x = f.engine_->AllocateBuffer(512 * kK, false, &s);
     Buffer* p = f.engine_->AllocateBuffer(256 * kK, true, &s);
@@ -1108,7 +1118,8 @@ TEST(APageInWithNoRoomInEitherMemorySwapsPlacesWithAVictim) {
     EXPECT_OK(f.engine_->Pin(x, &x_at));
     EngineStats st = f.engine_->GetStats();
     EXPECT(st.num_ooms == 0);
-    EXPECT(x_at == v_at);  // V's chunk, in both cases
+    EXPECT(st.peak_bytes_in_use <= static_cast<int64_t>(1 * kMiB));
+    EXPECT(x_at == v_at);  // V's chunk, in every case
     if (host == 512 * kK) {
       EXPECT(st.num_swaps_in_place == 1);
       EXPECT(st.bytes_swapped_in_place == static_cast<int64_t>(512 * kK));
@@ -1125,6 +1136,7 @@ TEST(APageInWithNoRoomInEitherMemorySwapsPlacesWithAVictim) {
     EXPECT(v_again == v_at);
     st = f.engine_->GetStats();
     EXPECT(st.num_swaps_in_place == (host == 512 * kK ? 2 : 0));
+    EXPECT(st.peak_bytes_in_use <= static_cast<int64_t>(1 * kMiB));
     EXPECT(Holds(f.engine_.get(), v, pv));
     EXPECT_OK(f.engine_->Unpin(v));
     EXPECT(Holds(f.engine_.get(), p, pp));
@@ -2322,54 +2334,6 @@ TEST(UnfragmentedFindsFreeBytesInOnePieceAndKeepsToTheDevice) {
     }
     EXPECT_OK(e.CheckInvariants());
   }
-}
-
-TEST(UnfragmentedSwapsInPlaceThroughNoMoreThanTheDevicesFreeBytes) {
-  // The swap of APageInWithNoRoomInEitherMemorySwapsPlacesWithAVictim with
-  // the addresses taken out: V 512 KiB inactive, P 256 KiB pinned, X 512
-  // KiB on a host pool it fills, on a 1 MiB device whose arena has 4 MiB of
-  // addresses. Its largest free chunk spans 3.25 MiB of them, and a staging
-  // piece as large as that chunk would put 4 MiB in use on a 1 MiB device
-  // (checked by taking the bound out: the peak expectation fails). The
-  // device's 256 KiB free bytes stage it, in two pieces, as within the
-  // device.
-  constexpr size_t kK = 1024;
-  Fixture f(1 * kMiB, 512 * kK, /*lms=*/true, false, false, 0,
-            /*allow_growth=*/false, 0.0, /*unfragmented=*/true);
-  Status s;
-  Buffer* x = f.engine_->AllocateBuffer(512 * kK, false, &s);
-  Buffer* p = f.engine_->AllocateBuffer(256 * kK, true, &s);
-  EXPECT_OK(s);
-  const std::string px = Pattern(512 * kK, 11);
-  const std::string pp = Pattern(256 * kK, 12);
-  const std::string pv = Pattern(512 * kK, 13);
-  EXPECT_OK(f.engine_->WriteBuffer(x, 0, px.data(), px.size()));
-  EXPECT_OK(f.engine_->WriteBuffer(p, 0, pp.data(), pp.size()));
-  Buffer* v = f.engine_->AllocateBuffer(512 * kK, true, &s);  // X leaves
-  EXPECT_OK(s);
-  EXPECT_OK(f.engine_->WriteBuffer(v, 0, pv.data(), pv.size()));
-  EXPECT_OK(f.engine_->Unpin(v));
-  EXPECT(f.engine_->GetStats().current_bytes_reclaimed ==
-         static_cast<int64_t>(512 * kK));
-  void* x_at = nullptr;
-  EXPECT_OK(f.engine_->Pin(x, &x_at));
-  const EngineStats st = f.engine_->GetStats();
-  EXPECT(st.num_ooms == 0);
-  EXPECT(st.num_swaps_in_place == 1);
-  EXPECT(st.bytes_swapped_in_place == static_cast<int64_t>(512 * kK));
-  EXPECT(st.peak_bytes_in_use <= static_cast<int64_t>(1 * kMiB));
-  EXPECT(Holds(f.engine_.get(), x, px));
-  EXPECT_OK(f.engine_->Unpin(x));
-  void* v_at = nullptr;
-  EXPECT_OK(f.engine_->Pin(v, &v_at));
-  EXPECT(f.engine_->GetStats().peak_bytes_in_use <=
-         static_cast<int64_t>(1 * kMiB));
-  EXPECT(Holds(f.engine_.get(), v, pv));
-  EXPECT(Holds(f.engine_.get(), p, pp));
-  EXPECT_OK(f.engine_->Unpin(v));
-  EXPECT_OK(f.engine_->Unpin(p));
-  for (Buffer* b : {x, p, v}) EXPECT_OK(f.engine_->FreeBuffer(b));
-  EXPECT_OK(f.engine_->CheckInvariants());
 }
 
 TEST(UnfragmentedIsRefusedWhereItMeansNothing) {
