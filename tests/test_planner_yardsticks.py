@@ -401,6 +401,31 @@ def test_simulate_reports_both_yardsticks_per_lms_run_and_the_table_shows_them()
     assert f"{rows[0]['ideal_in_order_ratio']:.2f}x" in table
 
 
+def test_simulate_says_when_its_ideal_needs_more_host_than_the_machine_has() -> None:
+    # `tflms simulate`'s rows name neither their point nor their mode as the results rows
+    # do; the sentence on the ideal kept within the host limit used to look both up and
+    # crashed the report at every point whose Ideal holds more than the host allows.
+    from tests.test_planner import machine
+    from tflms.planner.report import OVER_HOST_MARK, format_simulate
+    from tflms.planner.simulate import simulate_step
+
+    report, _ = simulate_step(chain_trace(), machine(6 * MIB, link="pcie3"))
+    run = report["lms"][0]
+    peak = max(run["ideal"]["host_peak_bytes"], run["ideal_in_order_host_peak_bytes"])
+    assert peak > 0
+    report["machine"] = {**report["machine"], "host_memory_bytes": peak - 1}
+    text = format_simulate(report)
+    assert OVER_HOST_MARK in text and "hypothetical" in text
+    assert "Kept within the limit" in text and "no such schedule was found" in text
+    # Where a schedule within the limit exists, the engine's ratio to it names the run.
+    report["lms"] = [
+        {**r, "ideal_within_host_s": 2 * r["ideal_s"], "ideal_within_host_ratio": 1.25}
+        for r in report["lms"]
+    ]
+    text = format_simulate(report)
+    assert f"the engine in 1.25x ({run['label']})" in text
+
+
 def test_the_results_page_says_how_far_prefetch_is_from_both_ideals() -> None:
     import json
     import math

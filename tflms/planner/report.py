@@ -320,7 +320,7 @@ def _within_host_text(over: Sequence[dict[str, Any]]) -> str:
                 parts.append(f"{name}: {NO_SCHEDULE_WITHIN_HOST}")
                 continue
             ratios = ", ".join(
-                f"{r[f'{key}_ratio']:.2f}x ({'prefetch' if r['prefetch'] else 'on demand'})"
+                f"{r[f'{key}_ratio']:.2f}x ({_mode(r)})"
                 for r in rows
                 if r.get(f"{key}_ratio")
             )
@@ -451,7 +451,16 @@ def prefetch_yardstick_summary(studies: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _point(r: dict[str, Any]) -> str:
-    return f"{r['input_size']}^3" if r.get("input_size") else f"batch {r['batch_size']}"
+    # `tflms simulate`'s rows are of one point and do not name it.
+    if r.get("input_size"):
+        return f"{r['input_size']}^3"
+    return f"batch {r['batch_size']}" if "batch_size" in r else "this point"
+
+
+def _mode(r: dict[str, Any]) -> str:
+    if "prefetch" in r:
+        return "prefetch" if r["prefetch"] else "on demand"
+    return str(r.get("label", "this run"))
 
 
 def _goal(ok: bool | None) -> str:
