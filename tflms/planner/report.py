@@ -320,9 +320,7 @@ def _within_host_text(over: Sequence[dict[str, Any]]) -> str:
                 parts.append(f"{name}: {NO_SCHEDULE_WITHIN_HOST}")
                 continue
             ratios = ", ".join(
-                f"{r[f'{key}_ratio']:.2f}x ({_mode(r)})"
-                for r in rows
-                if r.get(f"{key}_ratio")
+                f"{r[f'{key}_ratio']:.2f}x ({_mode(r)})" for r in rows if r.get(f"{key}_ratio")
             )
             parts.append(f"{name} steps in {secs(within)}, the engine in {ratios} that time")
         where = f" at {at}" if len(points) > 1 else ""
