@@ -57,6 +57,10 @@ class Engine:
     (placement beside what cannot leave, relocation, defragmentation, slides) is left
     out. A replay with it is the engine's eviction and prefetch with addresses taken
     out (EngineOptions::unfragmented). Needs ``lms``; not with ``fixed_addresses``.
+
+    ``layout_lookahead`` (experimental, not set by the patch): the step plan's copies in
+    are placed by a look-ahead over the learned step instead of being held back by the
+    plan's slack (EngineOptions::layout_lookahead). Only with ``prefetch``.
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class Engine:
         prefetch_guard: bool = False,
         run_ahead_epochs: int = 0,
         unfragmented: bool = False,
+        layout_lookahead: bool = False,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -142,6 +147,7 @@ class Engine:
             verify_pins=verify_pins,
             prefetch_guard=prefetch_guard,
             unfragmented=unfragmented,
+            layout_lookahead=layout_lookahead,
             run_ahead_epochs=run_ahead_epochs,
         )
         self.device_memory = device_memory

@@ -188,6 +188,11 @@ class BfcArena {
   // The largest free chunk once FindChunk(rounded) took its best fit (0 if
   // nothing fits): what a later request could still get.
   size_t LargestFreeAfterTaking(size_t rounded) const;
+  // Whether a free chunk of `chunk_size` bytes taken for `rounded` would be
+  // split (FindChunk's rule), for models of the arena (layout_lookahead.cc).
+  bool WouldSplit(size_t chunk_size, size_t rounded) const {
+    return ShouldSplit(chunk_size, rounded);
+  }
   size_t TotalFreeBytes() const;
   // Count of chunks (for invariant checks).
   size_t CheckAndCountChunks(bool* ok) const;

@@ -709,6 +709,17 @@ class Engine::Impl {
   // `rounded`: the largest hole left (BfcArena::LargestFreeAfterTaking),
   // and unfragmented also no more than the bytes the LMS limit leaves.
   size_t RoomAfterTakingLocked(size_t rounded) const;
+  // A free chunk for planned copy in `b`, started at pin position `from`
+  // and pinned at `need_at`, taken for it where it makes no allocation of
+  // the planned step before that pin find no room that it found without
+  // the copy; kInvalidChunk where every place tried would
+  // (layout_lookahead.cc).
+  bool LayoutLookAhead() const {
+    return options_.layout_lookahead && !options_.unfragmented && !fixed_;
+  }
+  BfcArena::ChunkHandle TakeChunkForPlannedInLocked(Buffer* b, size_t from,
+                                                    size_t need_at,
+                                                    bool in_candidate);
   // The device bytes a chunk may still take. Unfragmented, the arena's
   // addresses outnumber the device's bytes, and every place that takes a
   // chunk it chose itself (not through the allocation ladder's find) asks
@@ -1121,6 +1132,9 @@ class Engine::Impl {
     // The planned step's allocations as (pins before it, rounded bytes),
     // in order (LargestAllocationBetween).
     std::vector<std::pair<size_t, size_t>> plan_allocs;
+    // The planned step's events, in order (layout_lookahead.cc; kept only
+    // with EngineOptions::layout_lookahead).
+    std::vector<StepEvent> plan_events;
     // The planned step's unpin positions (pins before each), sorted and
     // distinct: a kernel unpins its inputs once it ran, so these are where
     // one kernel's pins end (due_group.cc).

@@ -73,8 +73,10 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
   p.in_next = 0;
   p.plan_allocs.clear();
   p.plan_unpins.clear();
+  p.plan_events.clear();
   ++p.plan_generation;
   if (fixed_ || events.empty()) return;
+  if (LayoutLookAhead()) p.plan_events = events;
   for (const StepEvent& ev : events) {
     if (ev.kind == StepEvent::kAlloc || ev.kind == StepEvent::kAllocPinned) {
       p.plan_allocs.push_back({ev.at, ev.bytes});
@@ -256,7 +258,11 @@ void Engine::Impl::PlanStepLocked(const std::vector<StepEvent>& events) {
   // twice the step's largest buffer free was the best of 0 to 3 times on
   // the planner's 26 prefetch points (ResNet50 at batch 398 on PCIe 3:
   // 4.22 s with none, 3.20 s with it, 3.43 s without planned page-ins).
-  const size_t slack = std::min(capacity, kPlannedInSlack * p.plan_largest);
+  // With the layout look-ahead, each copy's place is checked against the
+  // allocations of its own stretch instead (layout_lookahead.cc).
+  const size_t slack =
+      LayoutLookAhead() ? 0
+                        : std::min(capacity, kPlannedInSlack * p.plan_largest);
   const size_t room = capacity - slack;
   for (const CopyIn& c : copy_ins) {
     size_t issue = c.after;
@@ -352,14 +358,23 @@ void Engine::Impl::StartPlannedPageInsLocked(
     }
     if (p.plan_generation != generation) return;
     const size_t rounded = BfcArena::RoundedBytes(b->size);
+    const bool look = LayoutLookAhead();
     if (arena_->bytes_in_use() + rounded > lms_limit_ ||
         arena_->LargestFreeChunk() < rounded ||
-        RoomAfterTakingLocked(rounded) < p.plan_largest) {
+        (!look && RoomAfterTakingLocked(rounded) < p.plan_largest)) {
       p.in_next = i;  // no room yet: again at the next pin
       return;
     }
+    BfcArena::ChunkHandle into = BfcArena::kInvalidChunk;
+    if (look) {
+      into = TakeChunkForPlannedInLocked(b, cursor, in.need_at, in_candidate);
+      if (into == BfcArena::kInvalidChunk) {
+        p.in_next = i;  // no place yet: again at the next pin
+        return;
+      }
+    }
     Status s = PageIn(lock, b, /*for_prefetch=*/true, in.need_at,
-                      /*no_reclaim=*/true);
+                      /*no_reclaim=*/true, into);
     if (b->free_requested) {
       DestroyBufferLocked(b);
     } else if (s.ok()) {

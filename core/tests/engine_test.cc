@@ -1914,7 +1914,8 @@ TEST(PrefetchPlanPagesOutAWeightForTheNextStep) {
 // runs 2 ms; the link moves 50 MB/s, so A's copy back takes 21 ms.
 struct PlannedStepRun {
   explicit PlannedStepRun(size_t host_limit = 64 * kMiB, int lookahead = 2,
-                          size_t prefetch_budget = 0) {
+                          size_t prefetch_budget = 0,
+                          bool layout_lookahead = false) {
     SimOptions so;
     so.device_memory = 8 * kMiB;
     so.link_bytes_per_second = 50e6;
@@ -1929,6 +1930,7 @@ struct PlannedStepRun {
     // in time.
     eo.prefetch_lookahead = lookahead;
     eo.prefetch_budget_bytes = prefetch_budget;
+    eo.layout_lookahead = layout_lookahead;
     eo.allow_growth = false;  // one region, as TensorFlow takes by default
     engine = std::make_unique<Engine>(device.get(), eo);
     EXPECT_OK(engine->Init());
@@ -1954,12 +1956,17 @@ struct PlannedStepRun {
     EXPECT_OK(engine->Unpin(t));
     return t;
   }
-  // One step up to the kernel that reads A (returned, unpinned).
-  Buffer* StepUntilA(const std::string& a_bytes) {
+  // A step's start: a kernel on x, then A (1 MiB) made and written.
+  Buffer* BeginStepWithA(const std::string& a_bytes) {
     engine->StepBegin();
     Op({x});
     Buffer* a = Make(kMiB);
     EXPECT_OK(engine->WriteBuffer(a, 0, a_bytes.data(), a_bytes.size()));
+    return a;
+  }
+  // One step up to the kernel that reads A (returned, unpinned).
+  Buffer* StepUntilA(const std::string& a_bytes) {
+    Buffer* a = BeginStepWithA(a_bytes);
     std::vector<Buffer*> f;
     for (int i = 0; i < 7; ++i) f.push_back(Make(kMiB));
     for (int i = 6; i >= 0; --i) {
@@ -1972,6 +1979,12 @@ struct PlannedStepRun {
   void EndStep(Buffer* a) {
     EXPECT_OK(engine->FreeBuffer(a));
     for (int i = 0; i < 20; ++i) Op({x});  // enough pins to trust the order
+  }
+  // After the last step: nothing left on the device or the host.
+  void Finish() {
+    EXPECT_OK(engine->FreeBuffer(x));
+    EXPECT_OK(engine->CheckInvariants());
+    EXPECT(engine->GetStats().host_bytes_in_use == 0);
   }
   std::unique_ptr<SimDevice> device;
   std::unique_ptr<Engine> engine;
@@ -2000,9 +2013,7 @@ TEST(PrefetchPlanBringsAnEvictedTensorBackWhereItFits) {
   EXPECT(after.prefetch_hits_in_flight == before.prefetch_hits_in_flight);
   EXPECT(after.prefetch_misses == before.prefetch_misses);
   EXPECT(after.num_single_reclaims == before.num_single_reclaims);
-  EXPECT_OK(r.engine->FreeBuffer(r.x));
-  EXPECT_OK(r.engine->CheckInvariants());
-  EXPECT(r.engine->GetStats().host_bytes_in_use == 0);
+  r.Finish();
 }
 
 TEST(AnOverBudgetTensorThePlanEvictsLeavesEarlyWithinTheLookAhead) {
@@ -2020,10 +2031,7 @@ TEST(AnOverBudgetTensorThePlanEvictsLeavesEarlyWithinTheLookAhead) {
   EngineStats before;
   for (int step = 0; step < 6; ++step) {
     if (step == 3) before = r.engine->GetStats();
-    r.engine->StepBegin();
-    r.Op({r.x});
-    Buffer* a = r.Make(kMiB);
-    EXPECT_OK(r.engine->WriteBuffer(a, 0, bytes.data(), bytes.size()));
+    Buffer* a = r.BeginStepWithA(bytes);
     std::vector<Buffer*> f;
     for (int i = 0; i < 7; ++i) {
       f.push_back(r.Make(kMiB));
@@ -2040,9 +2048,7 @@ TEST(AnOverBudgetTensorThePlanEvictsLeavesEarlyWithinTheLookAhead) {
   // One a step: the room A's own page-in needs at its pin (the device is
   // full of the seven then). Without the early copy, two: A's as well.
   EXPECT(after.num_single_reclaims - before.num_single_reclaims == 3);
-  EXPECT_OK(r.engine->FreeBuffer(r.x));
-  EXPECT_OK(r.engine->CheckInvariants());
-  EXPECT(r.engine->GetStats().host_bytes_in_use == 0);
+  r.Finish();
 }
 
 TEST(PlannedPageInQueuesBehindOnlyCopiesNeededSooner) {
@@ -2105,9 +2111,102 @@ TEST(PlannedPageInQueuesBehindOnlyCopiesNeededSooner) {
     EXPECT(in[1].start - in[0].end < 1e-9);  // back to back
     EXPECT(in[0].end - in[0].start > 0.02);  // B's copy took its 21 ms
   }
-  EXPECT_OK(r.engine->FreeBuffer(r.x));
-  EXPECT_OK(r.engine->CheckInvariants());
-  EXPECT(r.engine->GetStats().host_bytes_in_use == 0);
+  r.Finish();
+}
+
+// Runs six steps of StepUntilA and returns when A's copy back started in the
+// fifth (SimTimeline's clock, from that step's first copy), checking that A
+// was a prefetch hit with its bytes every step from the fourth on and that
+// nothing was reclaimed on demand.
+double PlannedCopyStart(bool layout_lookahead) {
+  PlannedStepRun r(64 * kMiB, 2, 0, layout_lookahead);
+  const std::string bytes = Pattern(kMiB, 41);
+  EngineStats before;
+  double start = -1;
+  for (int step = 0; step < 6; ++step) {
+    if (step == 3) before = r.engine->GetStats();
+    if (step == 4) r.device->RecordCopies(true);
+    Buffer* a = r.StepUntilA(bytes);
+    r.Op({a, r.x});
+    EXPECT(Holds(r.engine.get(), a, bytes));
+    r.EndStep(a);
+    if (step == 4) {
+      r.device->SynchronizeAll();
+      std::vector<SimCopy> copies = r.device->TakeCopies();
+      r.device->RecordCopies(false);
+      double first = copies.empty() ? 0 : copies[0].start;
+      for (const SimCopy& c : copies) {
+        first = std::min(first, c.start);
+        if (c.stream == StreamKind::kHostToDevice && c.bytes == kMiB) {
+          start = c.start;
+        }
+      }
+      start -= first;
+    }
+  }
+  EngineStats after = r.engine->GetStats();
+  EXPECT(after.num_planned_prefetches - before.num_planned_prefetches >= 3);
+  EXPECT(after.prefetch_misses == before.prefetch_misses);
+  EXPECT(after.prefetch_hits_in_flight == before.prefetch_hits_in_flight);
+  EXPECT(after.num_single_reclaims == before.num_single_reclaims);
+  r.Finish();
+  return start;
+}
+
+TEST(LayoutLookAheadStartsAPlannedCopyInOnceItsStretchHasRoom) {
+  // The plan keeps twice the step's largest buffer (2 MiB) free of planned
+  // copies in, so A's copy back waits until the backward pass has freed
+  // three of the seven tensors. With the layout look-ahead nothing the
+  // stretch allocates needs that room (the backward pass only frees), so
+  // the copy starts once one tensor is freed, two frees (20 ms) sooner;
+  // either way A lands before its use with its bytes, and nothing is
+  // reclaimed on demand.
+  const double with_slack = PlannedCopyStart(false);
+  const double looked_ahead = PlannedCopyStart(true);
+  EXPECT(with_slack > 0 && looked_ahead > 0);
+  EXPECT(with_slack - looked_ahead > 0.015);
+}
+
+TEST(LayoutLookAheadKeepsTheHoleItsStretchAllocates) {
+  // As StepUntilA, where the seventh tensor took A's chunk: the device holds
+  // [x | f6 | f0 .. f5 | 960 KiB free]. The backward pass frees f6, f3 and
+  // f0, then makes a 2 MiB gradient G, then frees the rest before A's use.
+  // By bytes A may come back once f6 is freed, and the plan issues it there;
+  // but its only place then is f6's hole, which f0's free would make the
+  // 2 MiB G needs. The look-ahead finds G without room beside A there and
+  // waits; once f3 is freed it puts A in f3's hole instead. G then finds its
+  // room, nothing is reclaimed on demand, and A is a prefetch hit with its
+  // bytes. Taking the first place that holds A (as best fit would) makes G
+  // page out a tensor the step still reads, every step.
+  PlannedStepRun r(64 * kMiB, 2, 0, /*layout_lookahead=*/true);
+  const std::string bytes = Pattern(kMiB, 43);
+  EngineStats before;
+  for (int step = 0; step < 6; ++step) {
+    if (step == 3) before = r.engine->GetStats();
+    Buffer* a = r.BeginStepWithA(bytes);
+    std::vector<Buffer*> f;
+    for (int i = 0; i < 7; ++i) f.push_back(r.Make(kMiB));
+    auto release = [&](size_t i) {
+      r.Op({f[i], r.x});
+      EXPECT_OK(r.engine->FreeBuffer(f[i]));
+      for (int k = 0; k < 4; ++k) r.Op({r.x});
+    };
+    for (size_t i : {6, 3, 0}) release(i);
+    Buffer* g = r.Make(2 * kMiB);
+    r.Op({g, r.x});
+    EXPECT_OK(r.engine->FreeBuffer(g));
+    for (size_t i : {1, 2, 4, 5}) release(i);
+    r.Op({a, r.x});
+    EXPECT(Holds(r.engine.get(), a, bytes));
+    r.EndStep(a);
+  }
+  EngineStats after = r.engine->GetStats();
+  EXPECT(after.num_planned_prefetches - before.num_planned_prefetches >= 3);
+  EXPECT(after.prefetch_misses == before.prefetch_misses);
+  EXPECT(after.num_single_reclaims == before.num_single_reclaims);
+  EXPECT(after.num_full_reclaims == before.num_full_reclaims);
+  EXPECT(after.num_fragment_reclaims == before.num_fragment_reclaims);
+  r.Finish();
 }
 
 // One step of 32 MiB in one region: x, then A (6 MiB) and B (25 MiB); A is
@@ -2467,9 +2566,7 @@ TEST(PrefetchedTensorEvictedBeforeItsPinLeavesWithoutACopy) {
     }
     r.EndStep(a);
   }
-  EXPECT_OK(r.engine->FreeBuffer(r.x));
-  EXPECT_OK(r.engine->CheckInvariants());
-  EXPECT(r.engine->GetStats().host_bytes_in_use == 0);
+  r.Finish();
 }
 
 TEST(CleanHostCopiesGiveWayToPageOutsWhenTheHostPoolIsFull) {

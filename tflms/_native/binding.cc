@@ -132,7 +132,8 @@ class PyEngine {
            bool verify_moves, bool fixed_addresses, int64_t page_size,
            int64_t virtual_address_bytes, double map_us_per_page,
            double unmap_us_per_page, int launch_queue_depth, bool verify_pins,
-           bool prefetch_guard, int run_ahead_epochs, bool unfragmented) {
+           bool prefetch_guard, int run_ahead_epochs, bool unfragmented,
+           bool layout_lookahead) {
     if (device_memory <= 0) {
       throw py::value_error("device_memory must be a positive byte count");
     }
@@ -190,6 +191,7 @@ class PyEngine {
     opt.page_size = static_cast<size_t>(page_size);
     opt.virtual_address_bytes = static_cast<size_t>(virtual_address_bytes);
     opt.unfragmented = unfragmented;
+    opt.layout_lookahead = layout_lookahead;
     holder_ = std::make_shared<EngineHolder>();
     holder_->lms = lms;
     holder_->device = std::make_unique<SimDevice>(sim);
@@ -378,7 +380,7 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<int64_t, int64_t, bool, bool, bool, int64_t, int, bool,
                     int64_t, bool, double, double, double, bool, bool, int64_t,
-                    int64_t, double, double, int, bool, bool, int, bool>(),
+                    int64_t, double, double, int, bool, bool, int, bool, bool>(),
            py::arg("device_memory"), py::arg("host_memory"), py::arg("lms"),
            py::arg("defrag"), py::arg("prefetch"), py::arg("prefetch_budget"),
            py::arg("prefetch_lookahead"), py::arg("allow_growth"),
@@ -391,7 +393,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("unmap_us_per_page") = 0.0,
            py::arg("launch_queue_depth") = 0,
            py::arg("verify_pins") = false, py::arg("prefetch_guard") = false,
-           py::arg("run_ahead_epochs") = 0, py::arg("unfragmented") = false)
+           py::arg("run_ahead_epochs") = 0, py::arg("unfragmented") = false,
+           py::arg("layout_lookahead") = false)
       .def("allocate", &PyEngine::Allocate, py::arg("nbytes"),
            py::arg("pinned") = false)
       .def("free", &PyEngine::Free)

@@ -190,6 +190,13 @@ def add_parsers(sub: Any) -> None:
         "addresses, the device's bytes still limited): its step against the ideal is what its "
         "eviction and prefetch cost, the step as it runs against it what addresses cost",
     )
+    out.add_argument(
+        "--layout-lookahead",
+        action="store_true",
+        help="experimental, not set by the patch: with prefetch, place the step plan's copies "
+        "in by a look-ahead over the learned step (each where every allocation of its stretch "
+        "still finds room) instead of holding them back by the plan's slack",
+    )
     out.add_argument("--plot", metavar="FILE.png", help="draw the memory timeline of a step")
     out.add_argument("--force", action="store_true", help="overwrite the --plot file")
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -422,7 +429,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         prefetch_budget=budget,
         launch_queue_depth=args.launch_queue,
         run_ahead_epochs=args.run_ahead_epochs,
+        layout_lookahead=args.layout_lookahead,
     )
+    if args.layout_lookahead and not args.prefetch:
+        return _fail("--layout-lookahead places the copies in of prefetch's plan: add --prefetch")
     if (args.map_us is not None or args.unmap_us is not None) and not args.fixed_addresses:
         return _fail("--map-us and --unmap-us apply to --fixed-addresses only")
     if args.fixed_addresses:

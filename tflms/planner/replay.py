@@ -419,6 +419,9 @@ class EngineConfig:
     # A yardstick, not a mode of the patch (EngineOptions::unfragmented; unfragmented.py):
     # addresses taken out, the device's bytes still held by the LMS limit.
     unfragmented: bool = False
+    # Experimental, not a mode of the patch (EngineOptions::layout_lookahead): the plan's
+    # copies in placed by a look-ahead over the learned step instead of its slack.
+    layout_lookahead: bool = False
 
     @property
     def patch_default(self) -> bool:
@@ -429,6 +432,7 @@ class EngineConfig:
             on
             and not self.fixed_addresses
             and not self.unfragmented
+            and not self.layout_lookahead
             and self.run_ahead_epochs == PATCH_RUN_AHEAD_EPOCHS
         )
 
@@ -447,6 +451,8 @@ class EngineConfig:
             parts.append(f"host within {self.run_ahead_epochs} epochs")
         if self.unfragmented:
             parts.append("unfragmented")
+        if self.layout_lookahead:
+            parts.append("layout look-ahead")
         return " + ".join(parts)
 
 
@@ -573,6 +579,7 @@ def make_engine(config: EngineConfig, gpu: GpuModel) -> Any:
         launch_queue_depth=config.launch_queue_depth,
         run_ahead_epochs=config.run_ahead_epochs,
         unfragmented=config.unfragmented,
+        layout_lookahead=config.layout_lookahead,
     )
 
 

@@ -84,6 +84,9 @@ class Machine:
     # The engine's host throttle with prefetch (EngineOptions::run_ahead_epochs,
     # TF_LMS_RUN_AHEAD_EPOCHS; 0: off).
     run_ahead_epochs: int = PATCH_RUN_AHEAD_EPOCHS
+    # Experimental, not set by the patch (EngineOptions::layout_lookahead): with prefetch,
+    # the step plan's copies in placed by a look-ahead over the learned step.
+    layout_lookahead: bool = False
 
     @classmethod
     def from_pairing(cls, pairing: Pairing, host: HostSide | None = None) -> Machine:
@@ -123,6 +126,7 @@ class Machine:
             prefetch_budget=self.prefetch_budget,
             launch_queue_depth=self.launch_queue_depth,
             run_ahead_epochs=self.run_ahead_epochs,
+            layout_lookahead=self.layout_lookahead and prefetch,
             **(
                 {
                     "fixed_addresses": True,

@@ -147,6 +147,17 @@ struct EngineOptions {
   // Needs lms_enabled; refused with fixed_addresses (no fragmentation there
   // to take out).
   bool unfragmented = false;
+  // Experimental, off by default, not set by the patch: planned copies in
+  // (the step plan's page-ins) are placed by a look-ahead over the learned
+  // step rather than held back by the plan's slack. Each goes to a free
+  // chunk where every allocation and page-in the step makes before the
+  // copy's use, through the outputs of the kernel that uses it, still finds
+  // room in a model of the arena (layout_lookahead.cc), chunks the GPU is
+  // done with first; the plan then keeps no slack for holes. Costs host time
+  // at the pins where a planned copy waits (some 50 us a look on the
+  // planner's machine). No effect with fixed_addresses or unfragmented
+  // (no addresses to plan) or without prefetch (no plan).
+  bool layout_lookahead = false;
 };
 
 class Buffer;  // Opaque; owned by the engine between AllocateBuffer and Free.
