@@ -45,10 +45,9 @@
 namespace tflms {
 namespace {
 
-// Events of the learned step replayed at most per look-ahead: a copy is
-// issued at most a stretch of this many events before its pin would need
-// longer replays than the gain of its early start is worth, and what lies
-// further ahead is the next issue's to ask.
+// Events of the learned step a look replays at most, which bounds its host
+// time (some 50 us a look on average on the planner's machine, eight
+// places tried). What the step does beyond them is not checked.
 constexpr size_t kLookAheadEvents = 4096;
 // Free chunks (smallest first) whose two ends are tried as places.
 constexpr size_t kPlacesTried = 4;
@@ -70,8 +69,8 @@ class FreeRanges {
         ranges_.begin(), ranges_.end(), lo,
         [](const Range& r, const char* at) { return r.first < at; });
     const bool joins_next = next != ranges_.end() && lo + size == next->first;
-    const bool joins_prev =
-        next != ranges_.begin() && (next - 1)->first + (next - 1)->second == lo;
+    const bool joins_prev = next != ranges_.begin() &&
+                            (next - 1)->first + (next - 1)->second == lo;
     if (joins_prev && joins_next) {
       (next - 1)->second += size + next->second;
       ranges_.erase(next);
@@ -93,14 +92,16 @@ class FreeRanges {
     if (in_use_ + rounded > limit_) return {nullptr, 0};
     size_t best = ranges_.size();
     for (size_t i = 0; i < ranges_.size(); ++i) {
-      if (ranges_[i].second >= rounded &&
-          (best == ranges_.size() || ranges_[i].second < ranges_[best].second)) {
+      const bool fits = ranges_[i].second >= rounded;
+      if (fits && (best == ranges_.size() ||
+                   ranges_[i].second < ranges_[best].second)) {
         best = i;
       }
     }
     if (best == ranges_.size()) return {nullptr, 0};
     const Range r = ranges_[best];
-    const size_t taken = arena_->WouldSplit(r.second, rounded) ? rounded : r.second;
+    const size_t taken =
+        arena_->WouldSplit(r.second, rounded) ? rounded : r.second;
     Remove(best, r.first, taken);
     return {r.first, taken};
   }
@@ -121,9 +122,10 @@ class FreeRanges {
     for (const Range& r : ranges_) {
       if (r.second >= rounded) out.push_back(r);
     }
-    std::stable_sort(out.begin(), out.end(), [](const Range& a, const Range& b) {
-      return a.second < b.second;
-    });
+    std::stable_sort(out.begin(), out.end(),
+                     [](const Range& a, const Range& b) {
+                       return a.second < b.second;
+                     });
     if (out.size() > n) out.resize(n);
     return out;
   }
