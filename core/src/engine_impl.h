@@ -709,11 +709,11 @@ class Engine::Impl {
   // `rounded`: the largest hole left (BfcArena::LargestFreeAfterTaking),
   // and unfragmented also no more than the bytes the LMS limit leaves.
   size_t RoomAfterTakingLocked(size_t rounded) const;
-  // A free chunk for planned copy in `b`, started at pin position `from`
-  // and pinned at `need_at`, taken for it where it makes no allocation of
-  // the planned step before that pin find no room that it found without
-  // the copy; kInvalidChunk where every place tried would
-  // (layout_lookahead.cc).
+  // Whether EngineOptions::layout_lookahead applies; and the free chunk
+  // taken for planned copy in `b` (from pin position `from`, pinned at
+  // `need_at`) beside which every allocation and page-in of that stretch
+  // still finds room in a model of the arena, or kInvalidChunk where no
+  // place tried has it (layout_lookahead.cc).
   bool LayoutLookAhead() const {
     return options_.layout_lookahead && !options_.unfragmented && !fixed_;
   }
