@@ -61,6 +61,10 @@ class Engine:
     ``layout_lookahead`` (experimental, not set by the patch): the step plan's copies in
     are placed by a look-ahead over the learned step instead of being held back by the
     plan's slack (EngineOptions::layout_lookahead). Only with ``prefetch``.
+    ``layout_look_ns_per_event`` and ``layout_look_ns_per_range``: the modelled host time
+    of a look, per step event it models and per free range its best fits scan (0: free),
+    charged to the simulated host clock as the engine's own work at the pin; the stats
+    count both (``layout_look_events``, ``layout_look_ranges_scanned``).
     """
 
     def __init__(
@@ -92,6 +96,8 @@ class Engine:
         run_ahead_epochs: int = 0,
         unfragmented: bool = False,
         layout_lookahead: bool = False,
+        layout_look_ns_per_event: float = 0.0,
+        layout_look_ns_per_range: float = 0.0,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -148,6 +154,8 @@ class Engine:
             prefetch_guard=prefetch_guard,
             unfragmented=unfragmented,
             layout_lookahead=layout_lookahead,
+            layout_look_ns_per_event=layout_look_ns_per_event,
+            layout_look_ns_per_range=layout_look_ns_per_range,
             run_ahead_epochs=run_ahead_epochs,
         )
         self.device_memory = device_memory

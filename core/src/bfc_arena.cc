@@ -251,6 +251,7 @@ void BfcArena::InsertFreeChunkIntoBin(ChunkHandle h) {
   int b = BinNumForSize(c->size);
   c->bin_num = b;
   bins_[b].insert(h);
+  ++free_layout_version_;
 }
 
 void BfcArena::RemoveFreeChunkFromBin(ChunkHandle h) {
@@ -260,6 +261,7 @@ void BfcArena::RemoveFreeChunkFromBin(ChunkHandle h) {
   (void)erased;
   assert(erased == 1);
   c->bin_num = -1;
+  ++free_layout_version_;
 }
 
 void BfcArena::SplitChunk(ChunkHandle h, size_t num_bytes) {

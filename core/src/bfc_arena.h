@@ -194,6 +194,10 @@ class BfcArena {
     return ShouldSplit(chunk_size, rounded);
   }
   size_t TotalFreeBytes() const;
+  // Bumped whenever a chunk enters or leaves a bin, which every change of
+  // the free chunks does: equal values mean the same free chunks, so a
+  // model of them built at one still holds (layout_lookahead.cc).
+  uint64_t free_layout_version() const { return free_layout_version_; }
   // Count of chunks (for invariant checks).
   size_t CheckAndCountChunks(bool* ok) const;
 
@@ -321,6 +325,7 @@ class BfcArena {
   size_t owned_padding_ = 0;
   int64_t num_allocs_ = 0;
   int64_t next_allocation_id_ = 1;
+  uint64_t free_layout_version_ = 0;
 
   std::vector<Chunk> chunks_;
   ChunkHandle free_chunk_handles_ = kInvalidChunk;  // intrusive via next

@@ -720,6 +720,9 @@ class Engine::Impl {
   BfcArena::ChunkHandle TakeChunkForPlannedInLocked(Buffer* b, size_t from,
                                                     size_t need_at,
                                                     bool in_candidate);
+  // Counts a look's work and tells the device, which may charge it to its
+  // host clock (Device::NoteLayoutLook).
+  void NoteLookLocked(size_t events, size_t ranges_scanned);
   // The device bytes a chunk may still take. Unfragmented, the arena's
   // addresses outnumber the device's bytes, and every place that takes a
   // chunk it chose itself (not through the allocation ladder's find) asks
@@ -1135,6 +1138,21 @@ class Engine::Impl {
     // The planned step's events, in order (layout_lookahead.cc; kept only
     // with EngineOptions::layout_lookahead).
     std::vector<StepEvent> plan_events;
+    // The last look that found no place for a planned copy in: asked again
+    // for the same copy while the free chunks and the bytes in use are what
+    // they were, it refuses without a look. Only events that change the free
+    // chunks lie between (every allocation, free and page-in does), so the
+    // stretch left is what the look resolved less events that changed
+    // nothing in its model, and the answer is the same (layout_lookahead.cc).
+    struct LookRefused {
+      int64_t buffer_id = 0;
+      size_t need_at = 0;
+      uint64_t generation = 0;
+      bool in_candidate = false;
+      uint64_t layout = UINT64_MAX;  // none yet
+      size_t in_use = 0;
+      size_t limit = 0;
+    } look_refused;
     // The planned step's unpin positions (pins before each), sorted and
     // distinct: a kernel unpins its inputs once it ran, so these are where
     // one kernel's pins end (due_group.cc).

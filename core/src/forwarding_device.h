@@ -37,6 +37,9 @@ class ForwardingDevice : public Device {
     target_->FreeHostMemory(ptr, bytes);
   }
   double NowSeconds() override { return target_->NowSeconds(); }
+  void NoteLayoutLook(int64_t events, int64_t ranges_scanned) override {
+    target_->NoteLayoutLook(events, ranges_scanned);
+  }
   Stream* GetStream(StreamKind kind) override {
     return target_->GetStream(kind);
   }

@@ -23,7 +23,15 @@
 //
 // The model frees nothing that the step does not free (no page-outs), so in
 // a stretch that needs page-outs no place is found and the copy waits, as
-// the slack made it wait.
+// the slack made it wait. Such a stretch is mostly told by its bytes alone,
+// before any place is replayed; and a refusal is given again without a look
+// while the free chunks stay as they were (the pins of one kernel's inputs).
+//
+// A look costs the host time in proportion to the events it models and the
+// free ranges its best fits scan (counted in the stats, and told to the
+// device: the planner's SimDevice charges them to its modelled host, at
+// rates measured on the planner's own machine). At the planner's points
+// that cost outweighs what the placement wins (docs/how-it-works.md).
 //
 // Invariants of FreeRanges: ranges are kept by address and neither overlap
 // nor touch (coalesced as BfcArena::FreeChunk coalesces); a range taken by
@@ -84,12 +92,17 @@ class FreeRanges {
     }
   }
 
+  // Ranges TakeBestFit looked at (what a look's host time grows with,
+  // beside its events).
+  size_t scanned() const { return scanned_; }
+
   // Best fit (the smallest range that holds it, the lowest of equals) at
   // its bottom end, as BfcArena::FindChunk takes it. Returns the range
   // taken ({nullptr, 0} where none holds `rounded` or the LMS limit would
   // be passed).
   Range TakeBestFit(size_t rounded) {
     if (in_use_ + rounded > limit_) return {nullptr, 0};
+    scanned_ += ranges_.size();
     size_t best = ranges_.size();
     for (size_t i = 0; i < ranges_.size(); ++i) {
       const bool fits = ranges_[i].second >= rounded;
@@ -155,13 +168,38 @@ class FreeRanges {
   size_t in_use_;
   size_t limit_;
   std::vector<Range> ranges_;  // by address, none overlapping or touching
+  size_t scanned_ = 0;
 };
 
 }  // namespace
 
+void Engine::Impl::NoteLookLocked(size_t events, size_t ranges_scanned) {
+  counters_.layout_look_events += static_cast<int64_t>(events);
+  counters_.layout_look_ranges_scanned += static_cast<int64_t>(ranges_scanned);
+  device_->NoteLayoutLook(static_cast<int64_t>(events),
+                          static_cast<int64_t>(ranges_scanned));
+}
+
 BfcArena::ChunkHandle Engine::Impl::TakeChunkForPlannedInLocked(
     Buffer* b, size_t from, size_t need_at, bool in_candidate) {
-  const PrefetchState& p = prefetch_;
+  PrefetchState& p = prefetch_;
+  PrefetchState::LookRefused asked;
+  asked.buffer_id = b->id;
+  asked.need_at = need_at;
+  asked.generation = p.plan_generation;
+  asked.in_candidate = in_candidate;
+  asked.layout = arena_->free_layout_version();
+  asked.in_use = arena_->bytes_in_use();
+  asked.limit = lms_limit_;
+  const PrefetchState::LookRefused& last = p.look_refused;
+  if (asked.layout == last.layout && asked.buffer_id == last.buffer_id &&
+      asked.need_at == last.need_at && asked.generation == last.generation &&
+      asked.in_candidate == last.in_candidate &&
+      asked.in_use == last.in_use && asked.limit == last.limit) {
+    ++counters_.num_layout_looks_repeated;
+    return BfcArena::kInvalidChunk;
+  }
+  ++counters_.num_layout_looks;
   const size_t rounded = BfcArena::RoundedBytes(b->size);
   FreeRanges initial(arena_.get(), arena_->bytes_in_use(), lms_limit_);
   arena_->ForEachRegion([&](BfcArena::ChunkHandle h) {
@@ -225,6 +263,38 @@ BfcArena::ChunkHandle Engine::Impl::TakeChunkForPlannedInLocked(
     taken[e->key] = takes++;
     ops.push_back({true, bytes, SIZE_MAX, nullptr});
   }
+  // The look's work: events modelled and free ranges scanned.
+  size_t modelled = walked;
+  size_t scanned = 0;
+  auto refuse = [&] {
+    p.look_refused = asked;
+    ++counters_.num_layout_looks_refused;
+    NoteLookLocked(modelled, scanned);
+    return BfcArena::kInvalidChunk;
+  };
+  // Where the stretch's bytes alone pass the LMS limit beside the copy, it
+  // needs page-outs, which the model does not make: no place can fit, and
+  // none is replayed (most refusals, and the costly part of a look: a
+  // replay scans the free ranges at every take). Takes count their rounded
+  // bytes, no more than a replay's takes hold, so a place that a replay
+  // would find is never refused here.
+  {
+    size_t in_use = arena_->bytes_in_use() + rounded;
+    std::vector<size_t> take_bytes;
+    take_bytes.reserve(takes);
+    for (const Op& op : ops) {
+      ++modelled;
+      if (op.take) {
+        if (in_use + op.bytes > lms_limit_) return refuse();
+        in_use += op.bytes;
+        take_bytes.push_back(op.bytes);
+      } else {
+        const size_t freed =
+            op.of_take != SIZE_MAX ? take_bytes[op.of_take] : op.bytes;
+        in_use -= std::min(in_use, freed);
+      }
+    }
+  }
   // Whether every take of the stretch finds room beside the copy at `lo`.
   std::vector<std::pair<const char*, size_t>> placed(takes);
   auto fits_beside = [&](std::pair<const char*, size_t> range,
@@ -232,17 +302,23 @@ BfcArena::ChunkHandle Engine::Impl::TakeChunkForPlannedInLocked(
     FreeRanges ranges = initial;
     ranges.TakeAt(range, lo, rounded);
     size_t next_take = 0;
+    bool fits = true;
     for (const Op& op : ops) {
+      ++modelled;
       if (op.take) {
         placed[next_take] = ranges.TakeBestFit(op.bytes);
-        if (placed[next_take++].first == nullptr) return false;
+        if (placed[next_take++].first == nullptr) {
+          fits = false;
+          break;
+        }
       } else if (op.of_take != SIZE_MAX) {
         ranges.Release(placed[op.of_take].first, placed[op.of_take].second);
       } else {
         ranges.Release(op.lo, op.bytes);
       }
     }
-    return true;
+    scanned += ranges.scanned();
+    return fits;
   };
   // Places whose bytes the GPU is done with first: a copy into a chunk
   // whose last kernel has not run waits for it on the host-to-device
@@ -265,12 +341,13 @@ BfcArena::ChunkHandle Engine::Impl::TakeChunkForPlannedInLocked(
       for (const char* lo :
            {range.first, range.first + range.second - rounded}) {
         if (fits_beside(range, lo)) {
+          NoteLookLocked(modelled, scanned);
           return arena_->TakeFreeRange(lo, rounded, b->size, b);
         }
       }
     }
   }
-  return BfcArena::kInvalidChunk;
+  return refuse();
 }
 
 }  // namespace tflms

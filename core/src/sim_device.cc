@@ -628,6 +628,14 @@ void SimDevice::Launch(std::function<void()> body, double seconds) {
   }
 }
 
+void SimDevice::NoteLayoutLook(int64_t events, int64_t ranges_scanned) {
+  const double seconds =
+      static_cast<double>(events) * options_.layout_look_seconds_per_event +
+      static_cast<double>(ranges_scanned) *
+          options_.layout_look_seconds_per_range;
+  if (seconds > 0) HostAdvance(seconds);
+}
+
 void SimDevice::HostAdvance(double seconds) {
   std::lock_guard<std::mutex> lock(clock_mu_);
   clock_.host_time += seconds;

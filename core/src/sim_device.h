@@ -75,6 +75,11 @@ struct SimOptions {
   // 0 = free; the planner states what it assumes until a GPU measures it.
   double map_seconds_per_page = 0;
   double unmap_seconds_per_page = 0;
+  // Modelled host time of a layout look (NoteLayoutLook) per step event it
+  // models and per free range it scans: the engine's own work at a pin,
+  // which holds back the kernels the host launches after it. 0 = free.
+  double layout_look_seconds_per_event = 0;
+  double layout_look_seconds_per_range = 0;
   // Kernels and copies the compute stream may hold unfinished before the
   // next one enqueued blocks the host until the oldest completes (CUDA's
   // launch queue; no documented size, about 1000 measured). 0 = unlimited.
@@ -135,6 +140,7 @@ class SimDevice : public Device {
   Status ReserveAddressRange(size_t bytes, size_t page_size,
                              void** base) override;
   Status ReleaseAddressRange(void* base, size_t bytes) override;
+  void NoteLayoutLook(int64_t events, int64_t ranges_scanned) override;
   Status MapPages(void* addr, size_t bytes) override;
   Status UnmapPages(void* addr, size_t bytes) override;
   // Bytes of the virtual range currently backed (tests check the engine's

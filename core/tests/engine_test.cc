@@ -1915,10 +1915,14 @@ TEST(PrefetchPlanPagesOutAWeightForTheNextStep) {
 struct PlannedStepRun {
   explicit PlannedStepRun(size_t host_limit = 64 * kMiB, int lookahead = 2,
                           size_t prefetch_budget = 0,
-                          bool layout_lookahead = false) {
+                          bool layout_lookahead = false,
+                          double look_seconds_per_event = 0,
+                          double look_seconds_per_range = 0) {
     SimOptions so;
     so.device_memory = 8 * kMiB;
     so.link_bytes_per_second = 50e6;
+    so.layout_look_seconds_per_event = look_seconds_per_event;
+    so.layout_look_seconds_per_range = look_seconds_per_range;
     device = std::make_unique<SimDevice>(so);
     EngineOptions eo;
     eo.memory_limit = 8 * kMiB;
@@ -2167,22 +2171,27 @@ TEST(LayoutLookAheadStartsAPlannedCopyInOnceItsStretchHasRoom) {
   EXPECT(with_slack - looked_ahead > 0.015);
 }
 
-TEST(LayoutLookAheadKeepsTheHoleItsStretchAllocates) {
-  // As StepUntilA, where the seventh tensor took A's chunk: the device holds
-  // [x | f6 | f0 .. f5 | 960 KiB free]. The backward pass frees f6, f3 and
-  // f0, then makes a 2 MiB gradient G, then frees the rest before A's use.
-  // By bytes A may come back once f6 is freed, and the plan issues it there;
-  // but its only place then is f6's hole, which f0's free would make the
-  // 2 MiB G needs. The look-ahead finds G without room beside A there and
-  // waits; once f3 is freed it puts A in f3's hole instead. G then finds its
-  // room, nothing is reclaimed on demand, and A is a prefetch hit with its
-  // bytes. Taking the first place that holds A (as best fit would) makes G
-  // page out a tensor the step still reads, every step.
-  PlannedStepRun r(64 * kMiB, 2, 0, /*layout_lookahead=*/true);
-  const std::string bytes = Pattern(kMiB, 43);
+// As StepUntilA, where the seventh tensor took A's chunk: the device holds
+// [x | f6 | f0 .. f5 | 960 KiB free]. The backward pass frees f6, f3 and f0,
+// then makes a 2 MiB gradient G, then frees the rest before A's use. Six
+// steps with the layout look-ahead; the stats before the fourth and after
+// the sixth, and the modelled host time those three took.
+struct HoleSteps {
   EngineStats before;
+  EngineStats after;
+  double host_seconds = 0;
+};
+HoleSteps RunHoleSteps(double look_seconds_per_event,
+                       double look_seconds_per_range) {
+  PlannedStepRun r(64 * kMiB, 2, 0, /*layout_lookahead=*/true,
+                   look_seconds_per_event, look_seconds_per_range);
+  const std::string bytes = Pattern(kMiB, 43);
+  HoleSteps out;
   for (int step = 0; step < 6; ++step) {
-    if (step == 3) before = r.engine->GetStats();
+    if (step == 3) {
+      out.before = r.engine->GetStats();
+      out.host_seconds = -r.device->NowSeconds();
+    }
     Buffer* a = r.BeginStepWithA(bytes);
     std::vector<Buffer*> f;
     for (int i = 0; i < 7; ++i) f.push_back(r.Make(kMiB));
@@ -2200,13 +2209,61 @@ TEST(LayoutLookAheadKeepsTheHoleItsStretchAllocates) {
     EXPECT(Holds(r.engine.get(), a, bytes));
     r.EndStep(a);
   }
-  EngineStats after = r.engine->GetStats();
+  out.host_seconds += r.device->NowSeconds();
+  out.after = r.engine->GetStats();
+  r.Finish();
+  return out;
+}
+
+TEST(LayoutLookAheadKeepsTheHoleItsStretchAllocates) {
+  // By bytes A may come back once f6 is freed, and the plan issues it there;
+  // but its only place then is f6's hole, which f0's free would make the
+  // 2 MiB G needs. The look-ahead finds G without room beside A there and
+  // waits; once f3 is freed it puts A in f3's hole instead. G then finds its
+  // room, nothing is reclaimed on demand, and A is a prefetch hit with its
+  // bytes. Taking the first place that holds A (as best fit would) makes G
+  // page out a tensor the step still reads, every step.
+  const HoleSteps run = RunHoleSteps(0, 0);
+  const EngineStats& before = run.before;
+  const EngineStats& after = run.after;
   EXPECT(after.num_planned_prefetches - before.num_planned_prefetches >= 3);
   EXPECT(after.prefetch_misses == before.prefetch_misses);
   EXPECT(after.num_single_reclaims == before.num_single_reclaims);
   EXPECT(after.num_full_reclaims == before.num_full_reclaims);
   EXPECT(after.num_fragment_reclaims == before.num_fragment_reclaims);
-  r.Finish();
+  // Each step it refuses f6's hole at least once, and the pins of x alone
+  // that follow change no free chunk: their refusals are given again
+  // without a look. (A refusal kept past a change would leave A waiting
+  // for its use, a miss, which the checks above catch.)
+  const int64_t refused =
+      after.num_layout_looks_refused - before.num_layout_looks_refused;
+  const int64_t repeated =
+      after.num_layout_looks_repeated - before.num_layout_looks_repeated;
+  EXPECT(refused >= 3);
+  EXPECT(repeated >= 3 * 3);
+  EXPECT(after.layout_look_events > before.layout_look_events);
+}
+
+TEST(LayoutLookAheadChargesItsWorkToAModelledHost) {
+  // The same steps on a modelled host that charges 0.1 us per event a look
+  // models and 0.03 us per free range it scans: the host takes that much
+  // longer, to within rounding, and the looks decide as before (the charge,
+  // under 0.1 ms over the three steps, moves no copy across a kernel's 2 ms).
+  const HoleSteps free_looks = RunHoleSteps(0, 0);
+  const HoleSteps charged = RunHoleSteps(1e-7, 3e-8);
+  auto work = [](const HoleSteps& h) {
+    return std::make_pair(
+        h.after.layout_look_events - h.before.layout_look_events,
+        h.after.layout_look_ranges_scanned -
+            h.before.layout_look_ranges_scanned);
+  };
+  const auto [events, scanned] = work(charged);
+  EXPECT(events > 0 && scanned > 0);
+  EXPECT(work(free_looks) == work(charged));
+  const double extra = charged.host_seconds - free_looks.host_seconds;
+  const double expected = 1e-7 * static_cast<double>(events) +
+                          3e-8 * static_cast<double>(scanned);
+  EXPECT(std::fabs(extra - expected) < 1e-9);
 }
 
 // One step of 32 MiB in one region: x, then A (6 MiB) and B (25 MiB); A is

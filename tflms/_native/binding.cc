@@ -133,7 +133,8 @@ class PyEngine {
            int64_t virtual_address_bytes, double map_us_per_page,
            double unmap_us_per_page, int launch_queue_depth, bool verify_pins,
            bool prefetch_guard, int run_ahead_epochs, bool unfragmented,
-           bool layout_lookahead) {
+           bool layout_lookahead, double layout_look_ns_per_event,
+           double layout_look_ns_per_range) {
     if (device_memory <= 0) {
       throw py::value_error("device_memory must be a positive byte count");
     }
@@ -172,6 +173,12 @@ class PyEngine {
       throw py::value_error("launch_queue_depth must be >= 0 (0: unlimited)");
     }
     sim.launch_queue_depth = launch_queue_depth;
+    if (layout_look_ns_per_event < 0 || layout_look_ns_per_range < 0) {
+      throw py::value_error(
+          "layout_look_ns_per_event and layout_look_ns_per_range must be >= 0");
+    }
+    sim.layout_look_seconds_per_event = layout_look_ns_per_event * 1e-9;
+    sim.layout_look_seconds_per_range = layout_look_ns_per_range * 1e-9;
     EngineOptions opt;
     opt.name = "sim:0";
     opt.memory_limit = static_cast<size_t>(device_memory);
@@ -380,7 +387,8 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<int64_t, int64_t, bool, bool, bool, int64_t, int, bool,
                     int64_t, bool, double, double, double, bool, bool, int64_t,
-                    int64_t, double, double, int, bool, bool, int, bool, bool>(),
+                    int64_t, double, double, int, bool, bool, int, bool, bool,
+                    double, double>(),
            py::arg("device_memory"), py::arg("host_memory"), py::arg("lms"),
            py::arg("defrag"), py::arg("prefetch"), py::arg("prefetch_budget"),
            py::arg("prefetch_lookahead"), py::arg("allow_growth"),
@@ -394,7 +402,9 @@ PYBIND11_MODULE(_core, m) {
            py::arg("launch_queue_depth") = 0,
            py::arg("verify_pins") = false, py::arg("prefetch_guard") = false,
            py::arg("run_ahead_epochs") = 0, py::arg("unfragmented") = false,
-           py::arg("layout_lookahead") = false)
+           py::arg("layout_lookahead") = false,
+           py::arg("layout_look_ns_per_event") = 0.0,
+           py::arg("layout_look_ns_per_range") = 0.0)
       .def("allocate", &PyEngine::Allocate, py::arg("nbytes"),
            py::arg("pinned") = false)
       .def("free", &PyEngine::Free)

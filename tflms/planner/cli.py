@@ -197,6 +197,15 @@ def add_parsers(sub: Any) -> None:
         "in by a look-ahead over the learned step (each where every allocation of its stretch "
         "still finds room) instead of holding them back by the plan's slack",
     )
+    out.add_argument(
+        "--look-cost",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="with --layout-lookahead: the host time its looks are charged, as a multiple of "
+        "what they took on the planner's own machine (default 1; 0: free, as before it was "
+        "charged)",
+    )
     out.add_argument("--plot", metavar="FILE.png", help="draw the memory timeline of a step")
     out.add_argument("--force", action="store_true", help="overwrite the --plot file")
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -430,9 +439,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         launch_queue_depth=args.launch_queue,
         run_ahead_epochs=args.run_ahead_epochs,
         layout_lookahead=args.layout_lookahead,
+        layout_look_cost=args.look_cost,
     )
     if args.layout_lookahead and not args.prefetch:
         return _fail("--layout-lookahead places the copies in of prefetch's plan: add --prefetch")
+    if args.look_cost != 1.0 and not args.layout_lookahead:
+        return _fail("--look-cost prices the looks of --layout-lookahead: add it")
+    if args.look_cost < 0:
+        return _fail("--look-cost must be 0 or more (0: the looks are free)")
     if (args.map_us is not None or args.unmap_us is not None) and not args.fixed_addresses:
         return _fail("--map-us and --unmap-us apply to --fixed-addresses only")
     if args.fixed_addresses:

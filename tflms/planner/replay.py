@@ -374,6 +374,16 @@ ADDON_PREFETCH_DEFAULT = False
 # tests/test_prefetch_default.py checks. It acts only with prefetch and bytes on the host.
 PATCH_RUN_AHEAD_EPOCHS = 8
 
+# The host time of a layout look (EngineOptions::layout_lookahead; experimental), charged
+# to the modelled host at the pin: per step event the look models and per free range its
+# best fits scan. Fitted on the planner's own machine (2 CPU cores of a cloud VM,
+# 2 December 2026) to the CPU time replays with the look took over replays without, at
+# six results points whose looks modelled 10M to 460M events and scanned 5M to 3.5G
+# ranges: within 12% at five, 23% at the sixth (the U-Net's 0.09 s). A faster host core
+# costs less; docs/how-it-works.md, *What the layout look-ahead costs the host*.
+LAYOUT_LOOK_NS_PER_EVENT = 9.4
+LAYOUT_LOOK_NS_PER_RANGE = 2.3
+
 
 def _prefetch_label(default: bool) -> str:
     return "prefetch (default)" if default else "prefetch (opt-in)"
@@ -420,8 +430,11 @@ class EngineConfig:
     # addresses taken out, the device's bytes still held by the LMS limit.
     unfragmented: bool = False
     # Experimental, not a mode of the patch (EngineOptions::layout_lookahead): the plan's
-    # copies in placed by a look-ahead over the learned step instead of its slack.
+    # copies in placed by a look-ahead over the learned step instead of its slack. Its
+    # host time is charged to the modelled host at these rates (0: free).
     layout_lookahead: bool = False
+    layout_look_ns_per_event: float = LAYOUT_LOOK_NS_PER_EVENT
+    layout_look_ns_per_range: float = LAYOUT_LOOK_NS_PER_RANGE
 
     @property
     def patch_default(self) -> bool:
@@ -580,6 +593,8 @@ def make_engine(config: EngineConfig, gpu: GpuModel) -> Any:
         run_ahead_epochs=config.run_ahead_epochs,
         unfragmented=config.unfragmented,
         layout_lookahead=config.layout_lookahead,
+        layout_look_ns_per_event=config.layout_look_ns_per_event,
+        layout_look_ns_per_range=config.layout_look_ns_per_range,
     )
 
 

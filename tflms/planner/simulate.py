@@ -17,6 +17,8 @@ from tflms.planner.placed import DEFAULT_SLACKS, PlacedIdeal, placed_ideal
 from tflms.planner.replay import (
     DEFAULT_LOOKAHEAD,
     LAUNCH_QUEUE_DEPTH,
+    LAYOUT_LOOK_NS_PER_EVENT,
+    LAYOUT_LOOK_NS_PER_RANGE,
     PATCH_RUN_AHEAD_EPOCHS,
     EngineConfig,
     ReplayResult,
@@ -85,8 +87,11 @@ class Machine:
     # TF_LMS_RUN_AHEAD_EPOCHS; 0: off).
     run_ahead_epochs: int = PATCH_RUN_AHEAD_EPOCHS
     # Experimental, not set by the patch (EngineOptions::layout_lookahead): with prefetch,
-    # the step plan's copies in placed by a look-ahead over the learned step.
+    # the step plan's copies in placed by a look-ahead over the learned step; its host
+    # time charged at `layout_look_cost` times the rates measured on the planner's machine
+    # (replay.LAYOUT_LOOK_NS_PER_EVENT / _PER_RANGE; 0: free).
     layout_lookahead: bool = False
+    layout_look_cost: float = 1.0
 
     @classmethod
     def from_pairing(cls, pairing: Pairing, host: HostSide | None = None) -> Machine:
@@ -127,6 +132,8 @@ class Machine:
             launch_queue_depth=self.launch_queue_depth,
             run_ahead_epochs=self.run_ahead_epochs,
             layout_lookahead=self.layout_lookahead and prefetch,
+            layout_look_ns_per_event=LAYOUT_LOOK_NS_PER_EVENT * self.layout_look_cost,
+            layout_look_ns_per_range=LAYOUT_LOOK_NS_PER_RANGE * self.layout_look_cost,
             **(
                 {
                     "fixed_addresses": True,

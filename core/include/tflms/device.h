@@ -123,6 +123,16 @@ class Device {
         .count();
   }
 
+  // Host work of the engine's own that a modelled device charges to its
+  // host clock: one layout look (EngineOptions::layout_lookahead) on the
+  // thread that pinned, which modelled `events` step events and scanned
+  // `ranges_scanned` free ranges for best fits. A real device ignores it;
+  // its host's clock runs by itself.
+  virtual void NoteLayoutLook(int64_t events, int64_t ranges_scanned) {
+    (void)events;
+    (void)ranges_scanned;
+  }
+
   // ---- Virtual memory (optional) ----
   // Smallest page size the backend can map (0: no virtual memory support).
   virtual size_t VmGranularity() const { return 0; }

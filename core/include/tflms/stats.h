@@ -132,6 +132,17 @@ struct EngineStats {
   // was pinned or freed before the copy was settled.
   int64_t num_early_page_outs = 0;
   int64_t num_early_page_outs_cancelled = 0;
+  // The layout look-ahead (EngineOptions::layout_lookahead): looks made for
+  // planned copies in; of those, the ones that found no place; refusals
+  // given again without a look, the free chunks unchanged since the last;
+  // and what the looks' host time grows with: the step events they
+  // modelled (resolved once, then replayed once per place tried) and the
+  // free ranges their best fits scanned.
+  int64_t num_layout_looks = 0;
+  int64_t num_layout_looks_refused = 0;
+  int64_t num_layout_looks_repeated = 0;
+  int64_t layout_look_events = 0;
+  int64_t layout_look_ranges_scanned = 0;
   int64_t page_in_stall_ns = 0;      // host time pins blocked on copies
   int64_t page_out_wait_ns = 0;      // host time reclaims waited for D2H
   // The host throttle (EngineOptions::run_ahead_epochs): epoch closes at
